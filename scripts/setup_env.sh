@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Creates ./.venv with the tested dependency set (idempotent). Usage: bash scripts/setup_env.sh [extras]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-test}"
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=".venv/.installed-$extras-$(cat pyproject.toml requirements/constraints-py311.txt | sha1sum | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  cons=()
+  if .venv/bin/python -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)'; then
+    cons=(-c requirements/constraints-py311.txt)
+  fi
+  .venv/bin/python -m pip install -q "${cons[@]}" -e ".[$extras]" 2> >(grep -v "is ignored" >&2)
+  touch "$stamp"
+fi

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the test environment and runs the whole test suite (what CI runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh test
+set +e
+.venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: failing on purpose" >&2
+  exit 1
+fi
+exit "$rc"
