@@ -1,0 +1,118 @@
+"""Frozen configuration of the policy transformer (dense; MoE fields in `MoEConfig`)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+from jaxrl_sys.utils.config import config_from_dict
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+  """Rotary position embedding: base `theta` and optional frequency scaling.
+
+  `type` is one of "default", "linear" (positions / factor), "llama3" (Llama 3.1 band-wise
+  scaling), "yarn" (NTK-by-parts with attention scaling), "dynamic" (treated as default below
+  the original context, as HF does for short inputs).
+  """
+  theta: float = 10000.0
+  type: str = "default"
+  factor: float = 1.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position_embeddings: int = 8192
+  beta_fast: float = 32.0
+  beta_slow: float = 1.0
+  attention_factor: float | None = None
+
+  def __post_init__(self):
+    if self.type not in ROPE_TYPES:
+      raise ValueError(f"unknown rope type {self.type!r}; supported: {ROPE_TYPES}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+  """Mixture-of-Experts block settings (used when `ModelConfig.moe` is set)."""
+  num_experts: int = 8
+  num_experts_per_tok: int = 2
+  expert_intermediate_size: int = 64
+  num_shared_experts: int = 0
+  shared_intermediate_size: int = 0
+  gating: str = "softmax"            # "softmax" | "sigmoid"
+  norm_topk_prob: bool = True
+  routed_scaling_factor: float = 1.0
+  capacity_factor: float = 0.0       # 0 = dropless
+  balancing: str = "none"            # "none" | "aux_loss" | "aux_free" | "bip"
+  aux_loss_coef: float = 1e-2
+  bias_update_rate: float = 1e-3     # aux-free u
+  bip_iterations: int = 4            # BIP dual sweeps per batch
+  implementation: str = "ragged"     # "ragged" | "dense" | "expert_parallel"
+  shared_expert_gate: bool = False   # Qwen2-MoE style sigmoid gate on the shared expert
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Decoder-only transformer (Llama / Qwen2 / Qwen3 family).
+
+  Shapes: embeddings `[vocab_size, hidden_size]`, attention with `num_heads` query heads and
+  `num_kv_heads` key/value heads of `head_dim` each (grouped-query attention), SwiGLU MLP of
+  width `intermediate_size`. `param_dtype` / `compute_dtype` are "float32" or "bfloat16".
+  """
+  vocab_size: int = 2048
+  hidden_size: int = 256
+  num_layers: int = 4
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 64
+  intermediate_size: int = 512
+  max_seq_len: int = 2048
+  rms_norm_eps: float = 1e-6
+  rope: RopeConfig = dataclasses.field(default_factory=RopeConfig)
+  tie_embeddings: bool = False
+  qk_norm: bool = False              # Qwen3
+  attention_bias: bool = False       # Qwen2 q/k/v bias
+  param_dtype: str = "float32"
+  compute_dtype: str = "float32"
+  attention_impl: str = "xla"        # "auto" | "xla" | "pallas"
+  moe: MoEConfig | None = None
+  architecture: str = "Qwen2ForCausalLM"  # HF architecture name used on export
+  bos_token_id: int | None = None
+  eos_token_id: int | tuple[int, ...] | None = None
+
+  def __post_init__(self):
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                 "head_dim", "intermediate_size", "max_seq_len"):
+      if int(getattr(self, name)) <= 0:
+        raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                       f"({self.num_kv_heads})")
+    for name in ("param_dtype", "compute_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; use one of {list(_DTYPES)}")
+    if self.attention_impl not in ("auto", "xla", "pallas"):
+      raise ValueError(f"attention_impl must be auto|xla|pallas, got {self.attention_impl!r}")
+    if isinstance(self.eos_token_id, list):
+      object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+  @property
+  def pdtype(self):
+    return _DTYPES[self.param_dtype]
+
+  @property
+  def cdtype(self):
+    return _DTYPES[self.compute_dtype]
+
+  @property
+  def num_groups(self) -> int:
+    return self.num_heads // self.num_kv_heads
+
+  @staticmethod
+  def from_dict(d: Mapping[str, Any]) -> "ModelConfig":
+    """Strict constructor: unknown keys raise ValueError naming them."""
+    return config_from_dict(ModelConfig, d)

@@ -1,0 +1,187 @@
+"""Token sampling and the jitted prefill + decode loop.
+
+Randomness is per request and per response position: the key of the token at response index i
+of a request with key `k` is `fold_in(k, i)`, so the same request gives the same tokens whatever
+its batch, slot or whether it was interrupted and resumed elsewhere.
+
+Logprobs are those of the full distribution at the sampling temperature (before top-k/top-p
+truncation), i.e. what the trainer recomputes with the fused logprob op at that temperature.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_sys.models import kv_cache as kvc
+from jaxrl_sys.models.config import ModelConfig
+from jaxrl_sys.models.transformer import forward, last_valid_index, logits_from_hidden
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters."""
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  max_new_tokens: int = 64
+  stop_tokens: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    if self.temperature < 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    if self.top_k < 0 or self.max_new_tokens <= 0:
+      raise ValueError("top_k must be >= 0 and max_new_tokens > 0")
+    object.__setattr__(self, "stop_tokens", tuple(int(s) for s in self.stop_tokens))
+
+
+class GenerateOutput(NamedTuple):
+  """tokens, logprobs: `[batch, max_new_tokens]` (int32 / float32, zero past `lengths`);
+  lengths: `[batch]` int32 number of generated tokens (a stop token counts and is included);
+  finished: `[batch]` bool, True when a stop token ended the row."""
+  tokens: jax.Array
+  logprobs: jax.Array
+  lengths: jax.Array
+  finished: jax.Array
+
+
+def filter_logits(logits, top_k: int, top_p: float):
+  """Masks `logits [batch, vocab]` (already temperature-scaled) outside top-k / nucleus top-p."""
+  if top_k > 0 and top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  if top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    cum_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = cum_before < top_p
+    cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+  return logits
+
+
+def sample_tokens(logits, keys, positions, sampling: SamplingConfig):
+  """Samples one token per row.
+
+  Args:
+    logits: `[batch, vocab]` float32 raw logits.
+    keys: `[batch]` PRNG keys, one per request.
+    positions: `[batch]` int32 response index of the token being sampled.
+    sampling: the config (static).
+
+  Returns:
+    (tokens `[batch]` int32, logprobs `[batch]` float32 under softmax(logits / temperature)).
+  """
+  logits = logits.astype(jnp.float32)
+  if sampling.temperature == 0.0:
+    tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+  else:
+    scaled = logits / sampling.temperature
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    filt = filter_logits(scaled, sampling.top_k, sampling.top_p)
+    step_keys = jax.vmap(jax.random.fold_in)(keys, positions)
+    tok = jax.vmap(lambda k, l: jax.random.categorical(k, l))(step_keys, filt).astype(jnp.int32)
+  return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+
+
+def _is_stop(tok, stop_tokens):
+  if not stop_tokens:
+    return jnp.zeros(tok.shape, bool)
+  return jnp.isin(tok, jnp.asarray(stop_tokens, jnp.int32))
+
+
+def request_keys(key, batch: int):
+  """Per-request keys `[batch]` from one key (or pass your own keys)."""
+  return jax.random.split(key, batch)
+
+
+def decode_loop(params, config: ModelConfig, sampling: SamplingConfig, cache: kvc.KVCache,
+                first_logits, keys, start_index, done, max_steps: int):
+  """Samples up to `max_steps` tokens from `first_logits [batch, vocab]` onwards.
+
+  `start_index [batch]` is the response index of the first sampled token (non-zero for
+  resumed requests); rows with `done` set generate nothing. Returns GenerateOutput of width
+  `max_steps` (the tokens produced by this loop only).
+  """
+  b = first_logits.shape[0]
+  toks = jnp.zeros((b, max_steps), jnp.int32)
+  lps = jnp.zeros((b, max_steps), jnp.float32)
+  lengths = jnp.zeros((b,), jnp.int32)
+  finished = jnp.zeros((b,), bool)
+
+  def cond(state):
+    step, _, _, _, _, _, done, _ = state
+    return (step < max_steps) & ~jnp.all(done)
+
+  def body(state):
+    step, cache, logits, toks, lps, lengths, done, finished = state
+    tok, lp = sample_tokens(logits, keys, start_index + step, sampling)
+    live = ~done
+    toks = toks.at[:, step].set(jnp.where(live, tok, 0))
+    lps = lps.at[:, step].set(jnp.where(live, lp, 0.0))
+    lengths = lengths + live.astype(jnp.int32)
+    stop = live & _is_stop(tok, sampling.stop_tokens)
+    finished = finished | stop
+    done = done | stop
+    out = forward(params, config, jnp.where(live, tok, 0)[:, None], cache=cache)
+    logits = logits_from_hidden(params, config, out.hidden[:, 0])
+    return step + 1, out.cache, logits, toks, lps, lengths, done, finished
+
+  state = (jnp.int32(0), cache, first_logits, toks, lps, lengths, done, finished)
+  _, cache, _, toks, lps, lengths, _, finished = jax.lax.while_loop(cond, body, state)
+  return GenerateOutput(toks, lps, lengths, finished)
+
+
+def check_context(config: ModelConfig, prompt_len: int, max_new_tokens: int):
+  """Raises ValueError when a prompt plus its budget does not fit the model's context."""
+  if prompt_len + max_new_tokens > config.max_seq_len:
+    raise ValueError(
+        f"prompt longer than the context: prompt length {prompt_len} + max_new_tokens "
+        f"{max_new_tokens} > max_seq_len {config.max_seq_len}")
+
+
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_len"))
+def _generate(params, prompt_tokens, prompt_mask, keys, *, config, sampling, cache_len):
+  b, t = prompt_tokens.shape
+  cache = kvc.init_cache(config, b, cache_len)
+  out = forward(params, config, prompt_tokens, attention_mask=prompt_mask, cache=cache)
+  last = last_valid_index(prompt_mask)
+  h_last = jnp.take_along_axis(out.hidden, last[:, None, None], axis=1)[:, 0]
+  logits = logits_from_hidden(params, config, h_last)
+  zeros = jnp.zeros((b,), jnp.int32)
+  return decode_loop(params, config, sampling, out.cache, logits, keys, zeros,
+                     jnp.zeros((b,), bool), sampling.max_new_tokens)
+
+
+def generate(params, config: ModelConfig, prompt_tokens, prompt_mask=None, *, key=None, keys=None,
+             sampling: SamplingConfig = SamplingConfig()) -> GenerateOutput:
+  """Prefill + jitted decode loop.
+
+  Args:
+    params: model parameters.
+    config: model config.
+    prompt_tokens: `[batch, prompt_len]` int32, left- or right-padded.
+    prompt_mask: `[batch, prompt_len]` (1 = real token); default all ones.
+    key: one PRNG key (split into per-request keys), or
+    keys: `[batch]` per-request keys (what the rollout engine uses).
+    sampling: SamplingConfig (static).
+
+  Returns:
+    GenerateOutput(tokens/logprobs `[batch, max_new_tokens]`, lengths, finished).
+  """
+  prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
+  b, t = prompt_tokens.shape
+  if prompt_mask is None:
+    prompt_mask = jnp.ones((b, t), jnp.int32)
+  check_context(config, t, sampling.max_new_tokens)
+  if keys is None:
+    keys = request_keys(jax.random.PRNGKey(0) if key is None else key, b)
+  cache_len = t + sampling.max_new_tokens
+  return _generate(params, prompt_tokens, jnp.asarray(prompt_mask, jnp.int32), keys,
+                   config=config, sampling=sampling, cache_len=cache_len)

@@ -1,0 +1,213 @@
+"""The policy transformer: parameter init, logical axes, and the forward pass.
+
+Parameters are a plain nested dict (a pytree); per-layer weights are stacked on a leading
+`layers` axis and the forward pass scans over them (one compiled layer, fast compiles).
+
+Layout (L layers, D hidden, Hq/Hkv heads of Dh, F mlp width, V vocab):
+  embed [V, D]; final_norm [D]; unembed [D, V] (absent when tied)
+  layers.attn_norm [L, D]; layers.mlp_norm [L, D]
+  layers.attn.{wq [L, D, Hq, Dh], wk/wv [L, D, Hkv, Dh], wo [L, Hq, Dh, D],
+               bq [L, Hq, Dh], bk/bv [L, Hkv, Dh] (attention_bias), q_norm/k_norm [L, Dh] (qk_norm)}
+  layers.mlp.{w_gate/w_up [L, D, F], w_down [L, F, D]}   (dense)
+  layers.moe.{...}                                       (MoE, see models/moe.py)
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_sys.models import kv_cache as kvc
+from jaxrl_sys.models.config import ModelConfig
+from jaxrl_sys.models.layers import masked_attention, rms_norm, segment_causal_mask, swiglu_mlp
+from jaxrl_sys.models.rope import apply_rope, rope_cos_sin
+
+Params = dict[str, Any]
+
+
+class ForwardOutput(NamedTuple):
+  """hidden: final-normed hidden states `[batch, seq, hidden]` (compute dtype);
+  cache: the updated KVCache or None; aux: dict of per-layer auxiliary outputs (MoE stats,
+  stacked on a leading `[layers]` axis), empty for dense models."""
+  hidden: jax.Array
+  cache: kvc.KVCache | None
+  aux: dict
+
+
+def _normal(key, shape, dtype, std=0.02):
+  return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def init_params(config: ModelConfig, key: jax.Array) -> Params:
+  """Random initialisation (normal std 0.02, norms at 1), in `config.param_dtype`."""
+  c, dt = config, config.pdtype
+  L, D, Hq, Hkv, Dh, F, V = (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
+                             c.head_dim, c.intermediate_size, c.vocab_size)
+  ks = iter(jax.random.split(key, 16))
+  attn = {"wq": _normal(next(ks), (L, D, Hq, Dh), dt), "wk": _normal(next(ks), (L, D, Hkv, Dh), dt),
+          "wv": _normal(next(ks), (L, D, Hkv, Dh), dt), "wo": _normal(next(ks), (L, Hq, Dh, D), dt)}
+  if c.attention_bias:
+    attn.update(bq=_normal(next(ks), (L, Hq, Dh), dt), bk=_normal(next(ks), (L, Hkv, Dh), dt),
+                bv=_normal(next(ks), (L, Hkv, Dh), dt))
+  if c.qk_norm:
+    attn.update(q_norm=jnp.ones((L, Dh), dt), k_norm=jnp.ones((L, Dh), dt))
+  layers = {"attn_norm": jnp.ones((L, D), dt), "mlp_norm": jnp.ones((L, D), dt), "attn": attn}
+  if c.moe is None:
+    layers["mlp"] = {"w_gate": _normal(next(ks), (L, D, F), dt),
+                     "w_up": _normal(next(ks), (L, D, F), dt),
+                     "w_down": _normal(next(ks), (L, F, D), dt)}
+  else:
+    from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
+    layers["moe"] = moe.init_moe_params(c, next(ks))
+  params = {"embed": _normal(next(ks), (V, D), dt), "final_norm": jnp.ones((D,), dt),
+            "layers": layers}
+  if not c.tie_embeddings:
+    params["unembed"] = _normal(next(ks), (D, V), dt)
+  return params
+
+
+def param_axes(config: ModelConfig) -> Params:
+  """Logical axis names for every parameter (same tree structure as `init_params`)."""
+  c = config
+  attn = {"wq": ("layers", "embed", "heads", "head_dim"),
+          "wk": ("layers", "embed", "kv_heads", "head_dim"),
+          "wv": ("layers", "embed", "kv_heads", "head_dim"),
+          "wo": ("layers", "heads", "head_dim", "embed")}
+  if c.attention_bias:
+    attn.update(bq=("layers", "heads", "head_dim"), bk=("layers", "kv_heads", "head_dim"),
+                bv=("layers", "kv_heads", "head_dim"))
+  if c.qk_norm:
+    attn.update(q_norm=("layers", "norm"), k_norm=("layers", "norm"))
+  layers = {"attn_norm": ("layers", "norm"), "mlp_norm": ("layers", "norm"), "attn": attn}
+  if c.moe is None:
+    layers["mlp"] = {"w_gate": ("layers", "embed", "mlp"), "w_up": ("layers", "embed", "mlp"),
+                     "w_down": ("layers", "mlp", "embed")}
+  else:
+    from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
+    layers["moe"] = moe.moe_param_axes(c)
+  axes = {"embed": ("vocab", "embed"), "final_norm": ("norm",), "layers": layers}
+  if not c.tie_embeddings:
+    axes["unembed"] = ("embed", "vocab")
+  return axes
+
+
+def unembedding(params: Params, config: ModelConfig) -> jax.Array:
+  """The output projection `[hidden, vocab]` (the transposed embedding when tied)."""
+  return params["embed"].T if config.tie_embeddings else params["unembed"]
+
+
+def logits_from_hidden(params: Params, config: ModelConfig, hidden) -> jax.Array:
+  """`hidden [..., D]` -> float32 logits `[..., V]`."""
+  w = unembedding(params, config).astype(hidden.dtype)
+  return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+
+
+def _attention(p, x, cos, sin, config: ModelConfig, *, seg, cache_kv, cache, kv_after):
+  c = config
+  dt = x.dtype
+  q = jnp.einsum("btd,dhk->bthk", x, p["wq"].astype(dt))
+  k = jnp.einsum("btd,dhk->bthk", x, p["wk"].astype(dt))
+  v = jnp.einsum("btd,dhk->bthk", x, p["wv"].astype(dt))
+  if c.attention_bias:
+    q, k, v = q + p["bq"].astype(dt), k + p["bk"].astype(dt), v + p["bv"].astype(dt)
+  if c.qk_norm:
+    q = rms_norm(q, p["q_norm"], c.rms_norm_eps)
+    k = rms_norm(k, p["k_norm"], c.rms_norm_eps)
+  q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+  scale = c.head_dim ** -0.5
+  if cache is None:
+    out = _self_attention(q, k, v, seg, scale, c.attention_impl)
+    new_kv = None
+  else:
+    kc, vc = kvc.write_layer(cache_kv[0], cache_kv[1], k, v, cache.write_pos)
+    if q.shape[1] == 1:
+      out = _decode_attention(q, kc, vc, kv_after, scale, c.attention_impl)
+    else:
+      mask = kvc.chunk_mask(cache, kv_after, q.shape[1])
+      out = masked_attention(q, kc.astype(dt), vc.astype(dt), mask, scale)
+    new_kv = (kc, vc)
+  return jnp.einsum("bthk,hkd->btd", out.astype(dt), p["wo"].astype(dt)), new_kv
+
+
+def _self_attention(q, k, v, seg, scale, impl):
+  if impl != "xla":
+    from jaxrl_sys import kernels  # pylint: disable=import-outside-toplevel
+    return kernels.flash_attention(q, k, v, segment_ids=seg, causal=True, scale=scale, impl=impl)
+  return masked_attention(q, k, v, segment_causal_mask(seg, causal=True), scale)
+
+
+def _decode_attention(q, kc, vc, kv_valid, scale, impl):
+  if impl != "xla":
+    from jaxrl_sys import kernels  # pylint: disable=import-outside-toplevel
+    out = kernels.decode_attention(q[:, 0], kc, vc, kv_valid, scale=scale, impl=impl)
+    return out[:, None]
+  mask = kv_valid[:, None, :]
+  return masked_attention(q, kc.astype(q.dtype), vc.astype(q.dtype), mask, scale)
+
+
+def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None, positions=None,
+            segment_ids=None, cache: kvc.KVCache | None = None, moe_state: Any = None
+            ) -> ForwardOutput:
+  """Runs the decoder stack.
+
+  Args:
+    params: from `init_params` / HF import.
+    config: the model config (static).
+    tokens: `[batch, seq]` int32.
+    attention_mask: `[batch, seq]` (1 = real token, 0 = padding; left or right). Default all 1.
+    positions: `[batch, seq]` int32 RoPE positions. Default: cumsum of the mask - 1 (so left
+      padding starts at 0), offset by `cache.next_position` when a cache is given.
+    segment_ids: `[batch, seq]` int32 for packed sequences (0 = padding; no cache). Default:
+      the attention mask.
+    cache: a `KVCache` to append to (prefill or decode); None for a full (training) forward.
+    moe_state: per-layer balancing state for MoE layers (stacked on `[layers]`), or None.
+
+  Returns:
+    ForwardOutput(hidden `[batch, seq, hidden]`, new cache or None, aux dict).
+  """
+  c = config
+  b, t = tokens.shape
+  mask = jnp.ones((b, t), jnp.int32) if attention_mask is None else attention_mask.astype(jnp.int32)
+  if positions is None:
+    positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+    if cache is not None:
+      positions = positions + cache.next_position[:, None]
+  seg = mask if segment_ids is None else segment_ids
+  x = params["embed"][tokens].astype(c.cdtype)
+  cos, sin = rope_cos_sin(positions, c.rope, c.head_dim, c.cdtype)
+  kv_after = None
+  if cache is not None:
+    kv_after, write_after, next_after = kvc.advance(cache, mask)
+
+  def layer(x, xs):
+    p, cache_kv, lstate = xs
+    h = rms_norm(x, p["attn_norm"], c.rms_norm_eps)
+    attn_out, new_kv = _attention(p["attn"], h, cos, sin, c, seg=seg, cache_kv=cache_kv,
+                                  cache=cache, kv_after=kv_after)
+    x = x + attn_out
+    h = rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
+    if c.moe is None:
+      ffn, aux = swiglu_mlp(p["mlp"], h), {}
+    else:
+      from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
+      ffn, aux = moe.moe_block(p["moe"], h, c, lstate, token_mask=mask)
+    return x + ffn, (new_kv, aux)
+
+  cache_xs = None if cache is None else (cache.k, cache.v)
+  x, (new_kv, aux) = jax.lax.scan(layer, x, (params["layers"], cache_xs, moe_state))
+  hidden = rms_norm(x, params["final_norm"], c.rms_norm_eps)
+  new_cache = None
+  if cache is not None:
+    new_cache = kvc.KVCache(new_kv[0], new_kv[1], kv_after, write_after, next_after)
+  return ForwardOutput(hidden, new_cache, aux)
+
+
+def last_valid_index(mask) -> jax.Array:
+  """Index of the last real token per row of `mask [batch, seq]` -> `[batch]` int32."""
+  t = mask.shape[1]
+  return (jnp.max(jnp.where(mask > 0, jnp.arange(1, t + 1)[None, :], 0), axis=1) - 1).astype(jnp.int32)
+
+
+def num_params(params: Params) -> int:
+  return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
