@@ -1,0 +1,133 @@
+"""Records exchanged between the trainer, the rollout manager and generation engines.
+
+Everything here is plain data (numpy arrays, ints, strings) so it can cross process or machine
+boundaries as msgpack without pickles. A request carries its token-level state, so a partial
+response can be resumed on any engine: prompt + tokens so far, with the remaining budget.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Iterable, Protocol, Sequence
+
+import numpy as np
+
+
+class FinishReason(str, enum.Enum):
+  STOP = "stop"          # a stop token was generated (it is included in the tokens)
+  LENGTH = "length"      # the token budget (max_new_tokens) is exhausted
+  ABORTED = "aborted"    # stopped from outside; the request can be resumed
+  CONTEXT = "context"    # the engine's context length is exhausted
+
+
+def request_key(seed: int, request_id: int) -> np.ndarray:
+  """The per-request PRNG key (raw uint32[2]) used for every token of `request_id`.
+
+  Computed on the host with the same layout as `jax.random.PRNGKey`, so a request samples the
+  same tokens whichever engine, slot or batch serves it.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  return np.asarray(jax.random.fold_in(jax.random.PRNGKey(seed), request_id), np.uint32)
+
+
+@dataclasses.dataclass
+class Request:
+  """One response to generate (one sample of one prompt).
+
+  Attributes:
+    request_id: unique id (int); also seeds the request's randomness.
+    prompt: `[prompt_len]` int32 token ids.
+    max_new_tokens: total response budget, including `tokens` already generated.
+    key: raw PRNG key `[2]` uint32 (see `request_key`).
+    group_id: the prompt's id; the G samples of one prompt share it (shared-prompt prefill).
+    tokens / logprobs / versions: the partial response generated so far (`[n]` int32 / float32 /
+      int32 weight version per token); empty for a fresh request.
+    min_version: the oldest weight version allowed to generate the remaining tokens (for
+      strict on-policy routing), or -1 for any.
+    meta: free-form task data (e.g. the reference answer); not interpreted by engines.
+  """
+  request_id: int
+  prompt: np.ndarray
+  max_new_tokens: int
+  key: np.ndarray
+  group_id: int = -1
+  tokens: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
+  logprobs: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.float32))
+  versions: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
+  min_version: int = -1
+  meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    self.prompt = np.asarray(self.prompt, np.int32).reshape(-1)
+    self.tokens = np.asarray(self.tokens, np.int32).reshape(-1)
+    self.logprobs = np.asarray(self.logprobs, np.float32).reshape(-1)
+    self.versions = np.asarray(self.versions, np.int32).reshape(-1)
+    self.key = np.asarray(self.key, np.uint32).reshape(2)
+    if self.prompt.size == 0:
+      raise ValueError(f"request {self.request_id}: empty prompt")
+    if not (len(self.tokens) == len(self.logprobs) == len(self.versions)):
+      raise ValueError(f"request {self.request_id}: tokens/logprobs/versions lengths differ")
+    if self.max_new_tokens < len(self.tokens):
+      raise ValueError(f"request {self.request_id}: {len(self.tokens)} tokens already exceed "
+                       f"max_new_tokens={self.max_new_tokens}")
+
+  @property
+  def num_generated(self) -> int:
+    return int(len(self.tokens))
+
+  @property
+  def remaining(self) -> int:
+    return int(self.max_new_tokens - len(self.tokens))
+
+  def extend(self, tokens, logprobs, version: int) -> None:
+    """Appends streamed tokens (all produced by weight `version`)."""
+    tokens = np.asarray(tokens, np.int32).reshape(-1)
+    self.tokens = np.concatenate([self.tokens, tokens])
+    self.logprobs = np.concatenate([self.logprobs, np.asarray(logprobs, np.float32).reshape(-1)])
+    self.versions = np.concatenate([self.versions, np.full(len(tokens), version, np.int32)])
+
+
+@dataclasses.dataclass
+class TokenChunk:
+  """Tokens streamed by an engine for one request since its last chunk.
+
+  `start` is the response index of `tokens[0]` (so a manager can detect gaps/duplicates);
+  `finish` is None while the request is still running.
+  """
+  request_id: int
+  start: int
+  tokens: np.ndarray
+  logprobs: np.ndarray
+  version: int
+  finish: FinishReason | None = None
+
+
+@dataclasses.dataclass
+class Completion:
+  """A finished response: the request (with its full token-level state) and why it ended."""
+  request: Request
+  finish: FinishReason
+
+  @property
+  def request_id(self) -> int:
+    return self.request.request_id
+
+
+class RolloutClient(Protocol):
+  """What the trainer's host loop talks to: one in-process engine or a manager of many workers.
+
+  submit() never blocks on generation; poll() returns the responses completed since the last
+  call (optionally waiting up to `timeout` seconds for at least `min_count`); abort() stops
+  requests and returns their partial state (resumable later, e.g. APRIL partial rollouts);
+  publish_weights() makes version `version` the one used for tokens generated after it.
+  """
+
+  def submit(self, requests: Sequence[Request]) -> None: ...
+
+  def poll(self, min_count: int = 0, timeout: float | None = None) -> list[Completion]: ...
+
+  def abort(self, request_ids: Iterable[int] | None = None) -> list[Request]: ...
+
+  def publish_weights(self, params: Any, version: int) -> None: ...
+
+  def num_pending(self) -> int: ...

@@ -1,0 +1,61 @@
+"""Multi-digit arithmetic with an exact-match reward."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxrl_sys.tasks.base import Problem
+
+
+def parse_integer_answer(text: str) -> int | None:
+  """The integer at the start of `text` (optional sign, digits), or None."""
+  s = text.strip()
+  i = 1 if s[:1] == "-" else 0
+  j = i
+  while j < len(s) and s[j].isdigit():
+    j += 1
+  if j == i:
+    return None
+  return int(s[:j])
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticTask:
+  """"a+b=" style problems; operands have 1..`num_digits` digits; ops from `ops`.
+
+  Subtraction never goes negative unless `allow_negative`. Reward 1.0 when the completion
+  starts with the exact integer result, else 0.0.
+  """
+  num_digits: int = 2
+  ops: str = "+-"
+  seed: int = 0
+  allow_negative: bool = False
+  min_digits: int = 1
+  name: str = "arithmetic"
+
+  def __post_init__(self):
+    if not 1 <= self.min_digits <= self.num_digits:
+      raise ValueError(f"need 1 <= min_digits <= num_digits, got {self.min_digits}, {self.num_digits}")
+    bad = set(self.ops) - set("+-*")
+    if bad or not self.ops:
+      raise ValueError(f"ArithmeticTask ops must be drawn from '+-*', got {self.ops!r}")
+
+  def problem(self, index: int) -> Problem:
+    rng = np.random.default_rng([self.seed, index, 17])
+
+    def operand():
+      d = int(rng.integers(self.min_digits, self.num_digits + 1))
+      lo = 0 if d == 1 else 10 ** (d - 1)
+      return int(rng.integers(lo, 10 ** d))
+
+    a, b = operand(), operand()
+    op = self.ops[int(rng.integers(len(self.ops)))]
+    if op == "-" and not self.allow_negative and b > a:
+      a, b = b, a
+    value = a + b if op == "+" else a - b if op == "-" else a * b
+    return Problem(prompt=f"{a}{op}{b}=", answer=str(value), meta={"value": value})
+
+  def reward(self, problem: Problem, completion: str) -> float:
+    got = parse_integer_answer(completion)
+    return float(got is not None and got == problem.meta["value"])
