@@ -37,7 +37,19 @@ class RopeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MoEConfig:
-  """Mixture-of-Experts block settings (used when `ModelConfig.moe` is set)."""
+  """Mixture-of-Experts block settings (used when `ModelConfig.moe` is set; see models/moe.py).
+
+  Shared experts (`num_shared_experts > 0`) are fused into one SwiGLU MLP of width
+  `shared_intermediate_size` (0 = `num_shared_experts * expert_intermediate_size`).
+  `capacity_factor` > 0 drops assignments beyond `ceil(cf * k * valid_tokens / num_experts)` per
+  expert (first choices before second choices, earlier tokens first); 0 = dropless.
+  `bip_rule` is the BIP q-update ("midpoint" of the c-th/(c+1)-th reduced scores, or "kth" =
+  the (c+1)-th plus a 1e-4 margin). `expert_axis` names the mesh axis that shards experts for
+  `implementation="expert_parallel"`; `ep_dispatch` picks its token collective ("dense" padded
+  all_to_all, runs everywhere; "ragged" = ragged_all_to_all, GPU/TPU only; "ragged_emulated" = the
+  ragged protocol over all_gather, for CPU tests).
+  `grouped_matmul_impl` is passed to `jaxrl_sys.kernels.grouped_matmul` when that kernel exists.
+  """
   num_experts: int = 8
   num_experts_per_tok: int = 2
   expert_intermediate_size: int = 64
@@ -50,9 +62,34 @@ class MoEConfig:
   balancing: str = "none"            # "none" | "aux_loss" | "aux_free" | "bip"
   aux_loss_coef: float = 1e-2
   bias_update_rate: float = 1e-3     # aux-free u
-  bip_iterations: int = 4            # BIP dual sweeps per batch
+  bip_iterations: int = 4            # BIP dual sweeps per batch (0 = use the stored q only)
+  bip_rule: str = "midpoint"         # "midpoint" | "kth"
   implementation: str = "ragged"     # "ragged" | "dense" | "expert_parallel"
   shared_expert_gate: bool = False   # Qwen2-MoE style sigmoid gate on the shared expert
+  expert_axis: str = "model"         # mesh axis of expert parallelism
+  ep_dispatch: str = "dense"         # "dense" | "ragged" | "ragged_emulated"
+  grouped_matmul_impl: str = "xla"   # kernels.grouped_matmul impl ("xla" | "pallas" | "auto")
+
+  def __post_init__(self):
+    choices = {"gating": ("softmax", "sigmoid"), "balancing": ("none", "aux_loss", "aux_free", "bip"),
+               "bip_rule": ("midpoint", "kth"), "ep_dispatch": ("dense", "ragged", "ragged_emulated"),
+               "implementation": ("ragged", "dense", "expert_parallel")}
+    for name, ok in choices.items():
+      if getattr(self, name) not in ok:
+        raise ValueError(f"MoEConfig.{name}={getattr(self, name)!r}; use one of {list(ok)}")
+    if not 1 <= self.num_experts_per_tok <= self.num_experts:
+      raise ValueError(f"MoEConfig.num_experts_per_tok={self.num_experts_per_tok} must be in "
+                       f"[1, num_experts={self.num_experts}]")
+    if self.expert_intermediate_size <= 0 or self.capacity_factor < 0 or self.bip_iterations < 0:
+      raise ValueError("MoEConfig: expert_intermediate_size must be positive, capacity_factor and "
+                       "bip_iterations non-negative")
+
+  @property
+  def shared_width(self) -> int:
+    """Width of the fused shared-expert MLP (0 when there are no shared experts)."""
+    if self.num_shared_experts <= 0:
+      return 0
+    return self.shared_intermediate_size or self.num_shared_experts * self.expert_intermediate_size
 
 
 @dataclasses.dataclass(frozen=True)

@@ -152,6 +152,8 @@ def attention_to_params(t: _Taker, c: ModelConfig, prefix: str = "model.layers.{
 
 
 def attention_from_params(a: dict, c: ModelConfig, prefix: str = "model.layers.{}.self_attn.") -> dict:
+  """HF attention tensors. Qwen2 always has q/k/v biases in HF: a bias-free config exports
+  zero biases (which import back as `attention_bias=True` with zeros, the same function)."""
   D = c.hidden_size
   out = {}
   for i in range(c.num_layers):
@@ -163,6 +165,9 @@ def attention_from_params(a: dict, c: ModelConfig, prefix: str = "model.layers.{
     if c.attention_bias:
       for n in ("q", "k", "v"):
         out[p + f"{n}_proj.bias"] = a[f"b{n}"][i].reshape(-1)
+    elif c.architecture in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
+      for n, w in (("q", "wq"), ("k", "wk"), ("v", "wv")):
+        out[p + f"{n}_proj.bias"] = np.zeros(a[w][i].shape[1] * a[w][i].shape[2], a[w].dtype)
     if c.qk_norm:
       out[p + "q_norm.weight"] = a["q_norm"][i]
       out[p + "k_norm.weight"] = a["k_norm"][i]

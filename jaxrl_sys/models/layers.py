@@ -54,3 +54,26 @@ def segment_causal_mask(segment_ids, causal: bool = True):
     t = segment_ids.shape[1]
     same = same & (jnp.arange(t)[None, :, None] >= jnp.arange(t)[None, None, :])
   return same
+
+
+def single_query_attention(q, k, v, kv_mask, scale: float):
+  """Attention of one new token per row over a KV cache (the XLA decode path).
+
+  Written as broadcast-multiply + reductions rather than a batched matmul of 1-row matrices,
+  which XLA:CPU runs about 2x faster at decode shapes.
+
+  Args:
+    q: `[batch, num_q_heads, head_dim]`; k, v: `[batch, max_len, num_kv_heads, head_dim]`;
+    kv_mask: `[batch, max_len]` bool.
+
+  Returns:
+    `[batch, num_q_heads, head_dim]`.
+  """
+  b, hq, d = q.shape
+  hkv = k.shape[2]
+  qg = q.reshape(b, hkv, hq // hkv, d).astype(jnp.float32)
+  s = jnp.sum(qg[:, None] * k[:, :, :, None, :].astype(jnp.float32), axis=-1) * scale
+  s = jnp.where(kv_mask[:, :, None, None], s, NEG_INF)          # [b, len, hkv, g]
+  p = jnp.where(kv_mask[:, :, None, None], jax.nn.softmax(s, axis=1), 0.0)
+  o = jnp.sum(p[..., None] * v[:, :, :, None, :].astype(jnp.float32), axis=1)
+  return o.reshape(b, hq, d).astype(q.dtype)

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 
 from jaxrl_sys.models import kv_cache as kvc
 from jaxrl_sys.models.config import ModelConfig
-from jaxrl_sys.models.layers import masked_attention, rms_norm, segment_causal_mask, swiglu_mlp
+from jaxrl_sys.models.layers import (masked_attention, rms_norm, segment_causal_mask,
+                                     single_query_attention, swiglu_mlp)
 from jaxrl_sys.models.rope import apply_rope, rope_cos_sin
 
 Params = dict[str, Any]
@@ -103,9 +104,9 @@ def logits_from_hidden(params: Params, config: ModelConfig, hidden) -> jax.Array
   return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
 
 
-def _attention(p, x, cos, sin, config: ModelConfig, *, seg, cache_kv, cache, kv_after):
-  c = config
-  dt = x.dtype
+def _qkv(p, x, cos, sin, config: ModelConfig):
+  """Projected, normed and rotated q `[b, t, Hq, Dh]`, k/v `[b, t, Hkv, Dh]`."""
+  c, dt = config, x.dtype
   q = jnp.einsum("btd,dhk->bthk", x, p["wq"].astype(dt))
   k = jnp.einsum("btd,dhk->bthk", x, p["wk"].astype(dt))
   v = jnp.einsum("btd,dhk->bthk", x, p["wv"].astype(dt))
@@ -114,20 +115,11 @@ def _attention(p, x, cos, sin, config: ModelConfig, *, seg, cache_kv, cache, kv_
   if c.qk_norm:
     q = rms_norm(q, p["q_norm"], c.rms_norm_eps)
     k = rms_norm(k, p["k_norm"], c.rms_norm_eps)
-  q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-  scale = c.head_dim ** -0.5
-  if cache is None:
-    out = _self_attention(q, k, v, seg, scale, c.attention_impl)
-    new_kv = None
-  else:
-    kc, vc = kvc.write_layer(cache_kv[0], cache_kv[1], k, v, cache.write_pos)
-    if q.shape[1] == 1:
-      out = _decode_attention(q, kc, vc, kv_after, scale, c.attention_impl)
-    else:
-      mask = kvc.chunk_mask(cache, kv_after, q.shape[1])
-      out = masked_attention(q, kc.astype(dt), vc.astype(dt), mask, scale)
-    new_kv = (kc, vc)
-  return jnp.einsum("bthk,hkd->btd", out.astype(dt), p["wo"].astype(dt)), new_kv
+  return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def _out_proj(p, out, dt):
+  return jnp.einsum("bthk,hkd->btd", out.astype(dt), p["wo"].astype(dt))
 
 
 def _self_attention(q, k, v, seg, scale, impl):
@@ -142,8 +134,7 @@ def _decode_attention(q, kc, vc, kv_valid, scale, impl):
     from jaxrl_sys import kernels  # pylint: disable=import-outside-toplevel
     out = kernels.decode_attention(q[:, 0], kc, vc, kv_valid, scale=scale, impl=impl)
     return out[:, None]
-  mask = kv_valid[:, None, :]
-  return masked_attention(q, kc.astype(q.dtype), vc.astype(q.dtype), mask, scale)
+  return single_query_attention(q[:, 0], kc, vc, kv_valid, scale)[:, None]
 
 
 def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None, positions=None,
@@ -176,31 +167,52 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
   seg = mask if segment_ids is None else segment_ids
   x = params["embed"][tokens].astype(c.cdtype)
   cos, sin = rope_cos_sin(positions, c.rope, c.head_dim, c.cdtype)
-  kv_after = None
-  if cache is not None:
-    kv_after, write_after, next_after = kvc.advance(cache, mask)
+  scale = c.head_dim ** -0.5
 
-  def layer(x, xs):
-    p, cache_kv, lstate = xs
-    h = rms_norm(x, p["attn_norm"], c.rms_norm_eps)
-    attn_out, new_kv = _attention(p["attn"], h, cos, sin, c, seg=seg, cache_kv=cache_kv,
-                                  cache=cache, kv_after=kv_after)
-    x = x + attn_out
+  def ffn(p, x, lstate):
     h = rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
     if c.moe is None:
-      ffn, aux = swiglu_mlp(p["mlp"], h), {}
-    else:
-      from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
-      ffn, aux = moe.moe_block(p["moe"], h, c, lstate, token_mask=mask)
-    return x + ffn, (new_kv, aux)
+      return x + swiglu_mlp(p["mlp"], h), {}
+    from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
+    out, aux = moe.moe_block(p["moe"], h, c, lstate, token_mask=mask)
+    return x + out, aux
 
-  cache_xs = None if cache is None else (cache.k, cache.v)
-  x, (new_kv, aux) = jax.lax.scan(layer, x, (params["layers"], cache_xs, moe_state))
+  if cache is None:
+    def layer(x, xs):
+      p, lstate = xs
+      q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
+      x = x + _out_proj(p["attn"], _self_attention(q, k, v, seg, scale, c.attention_impl), x.dtype)
+      return ffn(p, x, lstate)
+
+    x, aux = jax.lax.scan(layer, x, (params["layers"], moe_state))
+    return ForwardOutput(rms_norm(x, params["final_norm"], c.rms_norm_eps), None, aux)
+
+  # With a cache: each layer's cache slice goes through the scan; the new tokens are written
+  # at per-row slots `write_pos + arange(t)`.
+  kv_after, write_after, next_after = kvc.advance(cache, mask)
+  rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
+  slots = cache.write_pos[:, None] + jnp.arange(t)[None, :]
+  attn_mask = None if t == 1 else kvc.chunk_mask(cache, kv_after, t)
+
+  def cached_layer(x, xs):
+    p, lstate, kc, vc = xs
+    q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
+    if t == 1:   # decode: a fused select over this layer's cache (a scatter is slow on CPU)
+      hit = (jnp.arange(cache.max_len)[None, :] == cache.write_pos[:, None])[:, :, None, None]
+      kc, vc = jnp.where(hit, k.astype(kc.dtype), kc), jnp.where(hit, v.astype(vc.dtype), vc)
+      out = _decode_attention(q, kc.astype(x.dtype), vc.astype(x.dtype), kv_after, scale,
+                              c.attention_impl)
+    else:
+      kc = kc.at[rows, slots].set(k.astype(kc.dtype), mode="drop")
+      vc = vc.at[rows, slots].set(v.astype(vc.dtype), mode="drop")
+      out = masked_attention(q, kc.astype(x.dtype), vc.astype(x.dtype), attn_mask, scale)
+    x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype), lstate)
+    return x, (kc, vc, aux)
+
+  x, (k_all, v_all, aux) = jax.lax.scan(cached_layer, x,
+                                        (params["layers"], moe_state, cache.k, cache.v))
   hidden = rms_norm(x, params["final_norm"], c.rms_norm_eps)
-  new_cache = None
-  if cache is not None:
-    new_cache = kvc.KVCache(new_kv[0], new_kv[1], kv_after, write_after, next_after)
-  return ForwardOutput(hidden, new_cache, aux)
+  return ForwardOutput(hidden, kvc.KVCache(k_all, v_all, kv_after, write_after, next_after), aux)
 
 
 def last_valid_index(mask) -> jax.Array:

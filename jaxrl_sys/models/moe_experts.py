@@ -1,0 +1,111 @@
+"""Routed-expert computation: dense einsum reference and dropless grouped matmul (ragged_dot).
+
+Expert weights of one layer: `w_gate`, `w_up` `[experts, d, f]`, `w_down` `[experts, f, d]`.
+Each expert is a SwiGLU MLP. Both implementations take the routing of flattened tokens
+(`experts`, `gates`, `active`, each `[tokens, k]`) and return `sum_k gate * expert(x)`.
+"""
+from __future__ import annotations
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel_gmm():
+  """`jaxrl_sys.kernels.grouped_matmul` when that kernel is present, else None."""
+  try:
+    from jaxrl_sys.kernels.grouped_matmul import grouped_matmul  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return None
+  return grouped_matmul
+
+
+def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
+                   impl: str = "xla") -> jax.Array:
+  """Per-group matmul: rows of `lhs [rows, a]` grouped consecutively by `group_sizes [groups]`
+  times `rhs [groups, a, b]` -> `[rows, b]` (rows past `sum(group_sizes)` are zero).
+
+  Goes through `jaxrl_sys.kernels.grouped_matmul(..., impl=impl)` when available, otherwise
+  `jax.lax.ragged_dot` (same semantics).
+  """
+  kernel = _kernel_gmm()
+  if kernel is not None:
+    return kernel(lhs, rhs, group_sizes, impl=impl)
+  return jax.lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32))
+
+
+def dense_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array) -> jax.Array:
+  """Reference: every expert on every token, combined by a `[tokens, experts]` weight matrix.
+
+  Args:
+    p: {"w_gate", "w_up": `[E, d, f]`, "w_down": `[E, f, d]`}.
+    x: `[tokens, d]` (compute dtype).
+    experts: `[tokens, k]` int32.
+    gates: `[tokens, k]` float32, zero for inactive assignments.
+
+  Returns:
+    `[tokens, d]` in x's dtype.
+  """
+  dt = x.dtype
+  num_experts = p["w_gate"].shape[0]
+  combine = jnp.sum(jax.nn.one_hot(experts, num_experts, dtype=jnp.float32) * gates[..., None],
+                    axis=1)                                                    # [tokens, E]
+  g = jnp.einsum("td,edf->etf", x, p["w_gate"].astype(dt))
+  u = jnp.einsum("td,edf->etf", x, p["w_up"].astype(dt))
+  y = jnp.einsum("etf,efd->etd", jax.nn.silu(g) * u, p["w_down"].astype(dt))
+  return jnp.einsum("te,etd->td", combine.astype(dt), y)
+
+
+def sort_by_expert(experts: jax.Array, active: jax.Array, num_experts: int):
+  """Orders the flattened assignments by expert, inactive ones last.
+
+  Args:
+    experts: `[tokens, k]` int32.
+    active: `[tokens, k]` bool.
+    num_experts: E.
+
+  Returns:
+    (order `[tokens*k]` int32 permutation of flat assignment indices, group_sizes `[E]` int32,
+    sorted ids `[tokens*k]` int32 with E for inactive assignments).
+  """
+  flat = jnp.where(active, experts, num_experts).reshape(-1).astype(jnp.int32)
+  order = jnp.argsort(flat, stable=True).astype(jnp.int32)
+  sizes = jnp.zeros((num_experts + 1,), jnp.int32).at[flat].add(1)[:num_experts]
+  return order, sizes, flat[order]
+
+
+def swiglu_grouped(p: dict, xs: jax.Array, group_sizes: jax.Array, impl: str = "xla") -> jax.Array:
+  """SwiGLU experts on rows `xs [rows, d]` sorted by expert with `group_sizes [E]`."""
+  dt = xs.dtype
+  g = grouped_matmul(xs, p["w_gate"].astype(dt), group_sizes, impl)
+  u = grouped_matmul(xs, p["w_up"].astype(dt), group_sizes, impl)
+  return grouped_matmul(jax.nn.silu(g) * u, p["w_down"].astype(dt), group_sizes, impl)
+
+
+def ragged_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array, active: jax.Array,
+                   impl: str = "xla") -> jax.Array:
+  """Dropless grouped-matmul experts: sort assignments by expert, one ragged matmul per weight.
+
+  Inactive assignments (padding, dropped) are sorted past the groups and cost nothing.
+
+  Args:
+    p: expert weights (see `dense_experts`).
+    x: `[tokens, d]`.
+    experts, gates, active: `[tokens, k]` routing.
+    impl: grouped-matmul implementation.
+
+  Returns:
+    `[tokens, d]` in x's dtype.
+  """
+  chex.assert_equal_shape([experts, gates, active])
+  t, k = experts.shape
+  num_experts = p["w_gate"].shape[0]
+  order, sizes, _ = sort_by_expert(experts, active, num_experts)
+  xs = x[order // k]                                                           # [t*k, d]
+  ys = swiglu_grouped(p, xs, sizes, impl)
+  ys = ys * gates.reshape(-1)[order][:, None].astype(ys.dtype)
+  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(t * k, dtype=order.dtype))
+  return jnp.sum(ys[inverse].reshape(t, k, -1), axis=1)
