@@ -1,0 +1,181 @@
+"""Fused log-probability + entropy over the vocabulary, without `[tokens, vocab]` logits.
+
+For every token t with hidden state h_t and target y_t, with logits l = h_t @ W / temperature:
+
+  logprob_t = l[y_t] - logsumexp(l),   entropy_t = logsumexp(l) - sum_v softmax(l)_v * l_v.
+
+Both paths stream over vocabulary chunks with an online logsumexp (running max m, sum of
+exp(l - m), and sum of exp(l - m) * l for the entropy), so peak memory is O(tokens x chunk).
+The custom VJP recomputes each chunk's logits in the backward pass; with p = softmax(l),
+g_lp / g_ent the cotangents of logprob / entropy and E[l] = sum_v p_v l_v:
+
+  d l_v = g_lp * (1[v == y] - p_v) - g_ent * p_v * (l_v - E[l]).
+"""
+from __future__ import annotations
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxrl_sys.kernels import dispatch
+from jaxrl_sys.kernels import logprobs_pallas
+
+f32 = jnp.float32
+
+
+def _chunk_stats(hidden, w, targets, start, carry, inv_t):
+  """Folds one vocab chunk `w [d, c]` (columns start..start+c) into the online statistics."""
+  m, s, t, tl = carry
+  logits = jnp.dot(hidden, w, preferred_element_type=f32) * inv_t  # [tokens, c]
+  c = w.shape[1]
+  m_new = jnp.maximum(m, logits.max(axis=1))
+  corr = jnp.exp(m - m_new)
+  e = jnp.exp(logits - m_new[:, None])
+  s = s * corr + e.sum(axis=1)
+  t = t * corr + (e * logits).sum(axis=1)
+  local = targets - start
+  hit = (local >= 0) & (local < c)
+  picked = jnp.take_along_axis(logits, jnp.clip(local, 0, c - 1)[:, None], axis=1)[:, 0]
+  tl = tl + jnp.where(hit, picked, 0.0)
+  return m_new, s, t, tl
+
+
+def _for_each_chunk(vocab: int, chunk: int, unembed, fn, carry):
+  """Runs `fn(w_chunk, start, carry)` over full chunks in a loop, then over the ragged tail."""
+  n_full, tail = divmod(vocab, chunk)
+  if n_full:
+    def body(i, c):
+      start = i * chunk
+      return fn(lax.dynamic_slice_in_dim(unembed, start, chunk, axis=1), start, c)
+    carry = lax.fori_loop(0, n_full, body, carry)
+  if tail:
+    carry = fn(unembed[:, n_full * chunk:], n_full * chunk, carry)
+  return carry
+
+
+def logprobs_xla_stats(hidden, unembed, targets, *, temperature: float, chunk_size: int):
+  """Chunked forward statistics (plain XLA).
+
+  Returns:
+    (logprobs, entropy, logz, mean_logit), each `[tokens]` float32.
+  """
+  tokens, vocab = hidden.shape[0], unembed.shape[1]
+  inv_t = 1.0 / temperature
+  init = (jnp.full((tokens,), -jnp.inf, f32), jnp.zeros((tokens,), f32),
+          jnp.zeros((tokens,), f32), jnp.zeros((tokens,), f32))
+  fn = lambda w, start, c: _chunk_stats(hidden, w, targets, start, c, inv_t)
+  m, s, t, tl = _for_each_chunk(vocab, min(chunk_size, vocab), unembed, fn, init)
+  logz = m + jnp.log(s)
+  mean = t / s
+  return tl - logz, logz - mean, logz, mean
+
+
+def logprobs_xla_grads(hidden, unembed, targets, logz, mean, g_lp, g_ent, *, temperature: float,
+                       chunk_size: int):
+  """Chunked backward (plain XLA): recomputes each chunk's logits.
+
+  Returns:
+    (d_hidden `[tokens, d]` float32, d_unembed `[d, vocab]` in unembed.dtype).
+  """
+  vocab = unembed.shape[1]
+  inv_t = 1.0 / temperature
+  chunk = min(chunk_size, vocab)
+
+  def fn(w, start, carry):
+    dh, dw = carry
+    logits = jnp.dot(hidden, w, preferred_element_type=f32) * inv_t
+    p = jnp.exp(logits - logz[:, None])
+    onehot = (targets - start)[:, None] == jnp.arange(w.shape[1])[None, :]
+    dl = g_lp[:, None] * (onehot - p) - g_ent[:, None] * p * (logits - mean[:, None])
+    dz = dl * inv_t
+    dh = dh + jnp.dot(dz, w.astype(f32).T, preferred_element_type=f32)
+    dw_c = jnp.dot(hidden.astype(f32).T, dz, preferred_element_type=f32).astype(dw.dtype)
+    return dh, lax.dynamic_update_slice_in_dim(dw, dw_c, start, axis=1)
+
+  init = (jnp.zeros(hidden.shape, f32), jnp.zeros(unembed.shape, unembed.dtype))
+  return _for_each_chunk(vocab, chunk, unembed, fn, init)
+
+
+def logprobs_reference(hidden, unembed, targets, *, temperature: float = 1.0):
+  """Unfused reference: full `[tokens, vocab]` logits, log_softmax, gather, entropy."""
+  logits = jnp.dot(hidden, unembed, preferred_element_type=f32) / temperature
+  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  logp = jnp.take_along_axis(logp_all, targets[:, None], axis=-1)[:, 0]
+  ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  return logp, ent
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _fused(hidden, unembed, targets, temperature, chunk_size, pallas_cfg):
+  out, _ = _fused_fwd(hidden, unembed, targets, temperature, chunk_size, pallas_cfg)
+  return out
+
+
+def _fused_fwd(hidden, unembed, targets, temperature, chunk_size, pallas_cfg):
+  if pallas_cfg is not None:
+    logp, ent, logz, mean = logprobs_pallas.forward(hidden, unembed, targets,
+                                                    temperature=temperature, cfg=pallas_cfg)
+  else:
+    logp, ent, logz, mean = logprobs_xla_stats(hidden, unembed, targets, temperature=temperature,
+                                               chunk_size=chunk_size)
+  return (logp, ent), (hidden, unembed, targets, logz, mean)
+
+
+def _fused_bwd(temperature, chunk_size, pallas_cfg, res, cot):
+  hidden, unembed, targets, logz, mean = res
+  g_lp, g_ent = (c.astype(f32) for c in cot)
+  if pallas_cfg is not None:
+    dh, dw = logprobs_pallas.backward(hidden, unembed, targets, logz, mean, g_lp, g_ent,
+                                      temperature=temperature, cfg=pallas_cfg)
+  else:
+    dh, dw = logprobs_xla_grads(hidden, unembed, targets, logz, mean, g_lp, g_ent,
+                                temperature=temperature, chunk_size=chunk_size)
+  return dh.astype(hidden.dtype), dw.astype(unembed.dtype), None
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def fused_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
+                   temperature: float = 1.0, chunk_size: int = 1024, impl: str = "auto",
+                   interpret: bool | None = None, block_tokens: int = 64, block_vocab: int = 128,
+                   block_d: int = 64) -> tuple[jax.Array, jax.Array]:
+  """Log-probability of each target and entropy of softmax(hidden @ unembed / temperature).
+
+  Never materialises `[tokens, vocab]` logits. Differentiable w.r.t. `hidden` and `unembed`
+  (both outputs). Computation is float32 internally whatever the input dtype.
+
+  Args:
+    hidden: `[tokens, d]` float32 or bfloat16 final hidden states.
+    unembed: `[d, vocab]` unembedding (output projection), float32 or bfloat16.
+    targets: `[tokens]` int32 token ids in [0, vocab). An id outside that range (e.g. a -1
+      padding id) gets a target logit of 0, so its logprob is -logsumexp: mask it in the loss.
+    temperature: softmax temperature (a Python float; logits are divided by it).
+    chunk_size: vocabulary chunk of the XLA path (any value; the last chunk may be ragged).
+    impl: "auto" (Pallas on GPU, XLA elsewhere), "pallas" or "xla".
+    interpret: run the Pallas kernels in interpret mode; default: True on CPU.
+    block_tokens: Pallas token tile (power of two).
+    block_vocab: Pallas vocabulary tile (power of two).
+    block_d: Pallas tile over the hidden dimension (power of two).
+
+  Returns:
+    (logprobs `[tokens]` float32, entropy `[tokens]` float32).
+  """
+  chex.assert_rank([hidden, unembed, targets], [2, 2, 1])
+  chex.assert_equal_shape_prefix([hidden, targets], 1)
+  chex.assert_axis_dimension(unembed, 0, hidden.shape[1])
+  chex.assert_type(targets, int)
+  if chunk_size < 1:
+    raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+  temperature = float(temperature)
+  if not temperature > 0:
+    raise ValueError(f"temperature must be > 0, got {temperature}")
+  pallas_cfg = None
+  if dispatch.resolve_impl(impl) == "pallas":
+    pallas_cfg = logprobs_pallas.Config(block_tokens, block_vocab, block_d,
+                                        dispatch.resolve_interpret(interpret))
+  return _fused(hidden, unembed, targets.astype(jnp.int32), temperature, int(chunk_size),
+                pallas_cfg)
