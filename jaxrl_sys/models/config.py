@@ -115,7 +115,7 @@ class ModelConfig:
   attention_bias: bool = False       # Qwen2 q/k/v bias
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
-  attention_impl: str = "xla"        # "auto" | "xla" | "pallas"
+  attention_impl: str = "auto"       # "auto" (Pallas on GPU, XLA elsewhere) | "xla" | "pallas"
   moe: MoEConfig | None = None
   architecture: str = "Qwen2ForCausalLM"  # HF architecture name used on export
   bos_token_id: int | None = None

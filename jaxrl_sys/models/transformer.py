@@ -122,17 +122,23 @@ def _out_proj(p, out, dt):
   return jnp.einsum("bthk,hkd->btd", out.astype(dt), p["wo"].astype(dt))
 
 
+def _use_pallas(impl: str) -> bool:
+  from jaxrl_sys.kernels import dispatch  # pylint: disable=import-outside-toplevel
+  return dispatch.resolve_impl(impl) == "pallas"
+
+
 def _self_attention(q, k, v, seg, scale, impl):
-  if impl != "xla":
+  if _use_pallas(impl):
     from jaxrl_sys import kernels  # pylint: disable=import-outside-toplevel
-    return kernels.flash_attention(q, k, v, segment_ids=seg, causal=True, scale=scale, impl=impl)
+    return kernels.flash_attention(q, k, v, segment_ids=seg, causal=True, scale=scale,
+                                   impl="pallas")
   return masked_attention(q, k, v, segment_causal_mask(seg, causal=True), scale)
 
 
 def _decode_attention(q, kc, vc, kv_valid, scale, impl):
-  if impl != "xla":
+  if _use_pallas(impl):
     from jaxrl_sys import kernels  # pylint: disable=import-outside-toplevel
-    out = kernels.decode_attention(q[:, 0], kc, vc, kv_valid, scale=scale, impl=impl)
+    out = kernels.decode_attention(q[:, 0], kc, vc, kv_valid, scale=scale, impl="pallas")
     return out[:, None]
   return single_query_attention(q[:, 0], kc, vc, kv_valid, scale)[:, None]
 
