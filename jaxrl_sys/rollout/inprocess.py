@@ -1,0 +1,76 @@
+"""`InProcessRollout`: the RolloutClient over one engine in the trainer's own process.
+
+Nothing runs in the background: `poll()` drives `Engine.step()` until enough completions exist.
+This is the embedded default (rollout shares the accelerator with training).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+from jaxrl_sys.models.config import ModelConfig
+from jaxrl_sys.rollout.config import EngineConfig
+from jaxrl_sys.rollout.engine import Engine
+from jaxrl_sys.rollout.types import Completion, Request, TokenChunk
+
+
+class InProcessRollout:
+  """Implements `rollout.types.RolloutClient` with one `Engine`.
+
+  Example:
+    client = InProcessRollout.create(model_config, params, EngineConfig(num_slots=16))
+    client.submit(requests)
+    while client.num_pending():
+      for c in client.poll(min_count=8):
+        ...
+  """
+
+  def __init__(self, engine: Engine):
+    self.engine = engine
+
+  @classmethod
+  def create(cls, model_config: ModelConfig, params: Any, engine_config: EngineConfig | None = None,
+             version: int = 0, on_chunk: Callable[[list[TokenChunk]], None] | None = None
+             ) -> "InProcessRollout":
+    """Builds the engine and the client. `on_chunk` receives every streamed chunk list."""
+    return cls(Engine(model_config, params, engine_config or EngineConfig(), version=version,
+                      on_chunk=on_chunk))
+
+  def submit(self, requests: Sequence[Request]) -> None:
+    """Queues requests (fresh or partial); never generates."""
+    self.engine.submit(requests)
+
+  def poll(self, min_count: int = 0, timeout: float | None = None) -> list[Completion]:
+    """Returns completions finished since the last call, generating as needed.
+
+    Steps the engine until at least `max(min_count, 1)` completions are available, no work is
+    left, or `timeout` seconds have passed (checked before each step; `timeout=0` only returns
+    what is already finished). Completions are returned in finishing order; there may be more
+    than `min_count`.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out = self.engine.take_completions()
+    while len(out) < max(min_count, 1) and self.engine.has_work():
+      if deadline is not None and time.monotonic() >= deadline:
+        break
+      self.engine.step()
+      out.extend(self.engine.take_completions())
+    return out
+
+  def abort(self, request_ids: Iterable[int] | None = None) -> list[Request]:
+    """Stops requests (all when None), returning their partial state. Completions already
+    finished but not yet polled stay available to `poll()`."""
+    return self.engine.abort(request_ids)
+
+  def publish_weights(self, params: Any, version: int) -> None:
+    """Tokens generated from now on use `params` and carry `version`."""
+    self.engine.set_weights(params, version)
+
+  def num_pending(self) -> int:
+    """Requests submitted and not yet returned by `poll()` or `abort()`."""
+    e = self.engine
+    return e.num_running + e.num_waiting + e.num_unread_completions
+
+  @property
+  def stats(self):
+    return self.engine.stats

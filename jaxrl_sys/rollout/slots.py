@@ -1,0 +1,183 @@
+"""Pure jitted functions over the engine's slot cache: prefill, prefix copy and chunked decode.
+
+The slot cache is a `models.KVCache` with one row per slot (`[layers, num_slots, max_len, ...]`).
+Every function has static shapes: prefill takes a `[batch_bucket, len_bucket]` token block,
+prefix copies move `[num_slots]` rows (unused entries point at the out-of-range slot
+`num_slots` and are dropped by the scatter), and decode runs over a `[rows_bucket,
+width_bucket]` corner of the cache (slots `[0, rows)`, cache positions `[0, width)`). The
+cache argument is donated so updates happen in place.
+
+A slot holds a *pending* token: the last token of its sequence, not yet written to the cache
+(the last prompt token for a fresh request, the last generated token afterwards). A decode step
+feeds the pending token, samples the next one from the resulting logits and makes it pending.
+So every sampled token comes from logits computed by the params of the call that sampled it,
+which is what makes per-token weight versions exact across a weight swap.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_sys.models import kv_cache as kvc
+from jaxrl_sys.models.config import ModelConfig
+from jaxrl_sys.models.sampling import SamplingConfig, sample_tokens
+from jaxrl_sys.models.transformer import forward, logits_from_hidden
+
+
+def pick_bucket(n: int, buckets) -> int:
+  """The smallest bucket >= n (buckets sorted ascending); ValueError when none fits."""
+  for b in buckets:
+    if n <= b:
+      return b
+  raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+def _write_prefix(cache: kvc.KVCache, k, v, lengths, dst) -> kvc.KVCache:
+  """Writes prefixes into slot rows.
+
+  Args:
+    cache: the slot cache (`max_len` slots per row).
+    k, v: `[layers, n, t, kv_heads, head_dim]` keys/values of n prefixes (t <= max_len).
+    lengths: `[n]` int32 number of real tokens of each prefix (<= t).
+    dst: `[n]` int32 destination slot; `num_slots` (out of range) drops the entry.
+
+  Returns:
+    The cache with rows `dst` holding the prefixes: slots `[0, length)` valid, the rest
+    invalid, write_pos = next_position = length.
+  """
+  t = k.shape[2]
+  valid = jnp.arange(cache.max_len)[None, :] < lengths[:, None]
+  return kvc.KVCache(
+      k=cache.k.at[:, dst, :t].set(k.astype(cache.k.dtype), mode="drop"),
+      v=cache.v.at[:, dst, :t].set(v.astype(cache.v.dtype), mode="drop"),
+      kv_valid=cache.kv_valid.at[dst].set(valid, mode="drop"),
+      write_pos=cache.write_pos.at[dst].set(lengths, mode="drop"),
+      next_position=cache.next_position.at[dst].set(lengths, mode="drop"))
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, *, config: ModelConfig
+            ) -> kvc.KVCache:
+  """Prefills a block of right-padded sequences and writes each into one slot.
+
+  Args:
+    params: model parameters.
+    cache: the slot cache (donated).
+    tokens: `[batch, t]` int32, right-padded (t is a prefill bucket <= max_len).
+    lengths: `[batch]` int32 real length of each row (0 allowed: resets the slot).
+    dst: `[batch]` int32 destination slot per row; `num_slots` for padding rows.
+    config: model config (static).
+
+  Returns:
+    The updated slot cache.
+  """
+  b, t = tokens.shape
+  mask = (jnp.arange(t)[None, :] < lengths[:, None]).astype(jnp.int32)
+  tmp = kvc.init_cache(config, b, t, dtype=cache.k.dtype)
+  out = forward(params, config, tokens, attention_mask=mask, cache=tmp)
+  return _write_prefix(cache, out.cache.k, out.cache.v, lengths, dst)
+
+
+@functools.partial(jax.jit, static_argnames=("t",), donate_argnames=("cache",))
+def copy_prefix(cache: kvc.KVCache, src, dst, lengths, *, t: int) -> kvc.KVCache:
+  """Copies the first `lengths[i]` cached tokens of slot `src[i]` into slot `dst[i]`.
+
+  Used for shared prompts: the G samples of a prompt take the KV of one prefill (or of a live
+  sibling slot, whose first tokens are the same prompt).
+
+  Args:
+    cache: the slot cache (donated).
+    src: `[n]` int32 source slots (any valid slot for unused entries).
+    dst: `[n]` int32 destination slots (`num_slots` for unused entries: dropped).
+    lengths: `[n]` int32 prefix lengths (<= t).
+    t: static bucket >= max(lengths), <= max_len: how many cache slots are copied.
+
+  Returns:
+    The updated slot cache.
+  """
+  return _write_prefix(cache, cache.k[:, src, :t], cache.v[:, src, :t], lengths, dst)
+
+
+def _is_stop(tok, stop_tokens):
+  if not stop_tokens:
+    return jnp.zeros(tok.shape, bool)
+  return jnp.isin(tok, jnp.asarray(stop_tokens, jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "num_steps", "width"),
+                   donate_argnames=("cache",))
+def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, *,
+           config: ModelConfig, sampling: SamplingConfig, num_steps: int, width: int):
+  """Runs up to `num_steps` decode steps over slots `[0, rows)` (rows = `pending.shape[0]`),
+  attending over cache slots `[0, width)`; stops early when no slot is live.
+
+  Rows and width are buckets chosen by the host so that every live row's sequence fits the
+  window after the chunk. Slots at or beyond `rows`, and cache slots at or beyond `width`, are
+  left untouched. A non-live row in the window gets a masked (invalid) write at
+  `min(write_pos, width - 1)` per step, so the host must not rely on its rows from there on.
+
+  Args:
+    params: model parameters.
+    cache: the slot cache (donated); live rows hold their sequence minus the pending token.
+    pending: `[rows]` int32 token to feed next per slot.
+    keys: `[rows, 2]` uint32 raw per-request PRNG keys.
+    index: `[rows]` int32 response index of the next sampled token.
+    budget: `[rows]` int32 tokens the slot may still generate (>= 1 for live slots).
+    live: `[rows]` bool slots that generate.
+    config, sampling: static configs; `sampling.max_new_tokens` is ignored (budget is per slot).
+    num_steps: static chunk length.
+    width: static attention window (cache slots), >= write_pos + min(budget, num_steps) of
+      every live row.
+
+  Returns:
+    (cache, tokens `[rows, num_steps]` int32, logprobs `[rows, num_steps]` float32,
+    count `[rows]` int32 tokens emitted per slot (they are `tokens[:, :count]`),
+    stopped `[rows]` bool ended by a stop token, steps () int32 decode steps run).
+  """
+  r = pending.shape[0]
+  sub = kvc.KVCache(cache.k[:, :r, :width], cache.v[:, :r, :width], cache.kv_valid[:r, :width],
+                    cache.write_pos[:r], cache.next_position[:r])
+  out_tok = jnp.zeros((r, num_steps), jnp.int32)
+  out_lp = jnp.zeros((r, num_steps), jnp.float32)
+  count = jnp.zeros((r,), jnp.int32)
+  stopped = jnp.zeros((r,), bool)
+
+  def cond(c):
+    return (c[0] < num_steps) & jnp.any(c[5])
+
+  def body(c):
+    step, sub, tok, idx, budget, live, stopped, out_tok, out_lp, count = c
+    out = forward(params, config, tok[:, None], attention_mask=live[:, None], cache=sub)
+    logits = logits_from_hidden(params, config, out.hidden[:, 0])
+    new, lp = sample_tokens(logits, keys, idx, sampling)
+    out_tok = out_tok.at[:, step].set(jnp.where(live, new, 0))
+    out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
+    inc = live.astype(jnp.int32)
+    count, idx, budget = count + inc, idx + inc, budget - inc
+    stop = live & _is_stop(new, sampling.stop_tokens)
+    stopped = stopped | stop
+    tok = jnp.where(live, new, tok)
+    live = live & ~stop & (budget > 0)
+    return step + 1, out.cache, tok, idx, budget, live, stopped, out_tok, out_lp, count
+
+  init = (jnp.int32(0), sub, pending, index, budget, live, stopped, out_tok, out_lp, count)
+  step, sub, _, _, _, _, stopped, out_tok, out_lp, count = jax.lax.while_loop(cond, body, init)
+  cache = kvc.KVCache(
+      cache.k.at[:, :r, :width].set(sub.k), cache.v.at[:, :r, :width].set(sub.v),
+      cache.kv_valid.at[:r, :width].set(sub.kv_valid), cache.write_pos.at[:r].set(sub.write_pos),
+      cache.next_position.at[:r].set(sub.next_position))
+  return cache, out_tok, out_lp, count, stopped, step
+
+
+JITTED = (prefill, copy_prefix, decode)
+
+
+def num_compilations() -> int:
+  """Compiled variants of the slot functions in this process (all engines together)."""
+  total = 0
+  for f in JITTED:
+    size = getattr(f, "_cache_size", None)
+    total += int(size()) if callable(size) else 0
+  return total
