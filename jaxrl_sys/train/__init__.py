@@ -1,1 +1,49 @@
-"""jaxrl_sys.train."""
+"""Trainer: the jitted GRPO-family step over a mesh, checkpoints, and the host RL loop.
+
+Pure core:
+- `TrainState(step, params, opt_state, ref_params, moe_state, rng)`, `init_train_state`,
+  `abstract_state`, `state_shardings`, `with_shardings` (restore targets on any mesh).
+- `train_step(state, batch[micro, rows, T]) -> (state, metrics)` and its pieces `init_accum`,
+  `accumulate`, `apply` (global normalisation across micro-batches); `make_train_fns` jits them
+  on a mesh (`TrainFns.step / init_accum / accumulate / apply / put_batch`).
+- `TrainBatch`, `Sample`, `pack`, `stack`: completions -> fixed-shape padded arrays.
+- `make_optimizer` (clip -> AdamW(schedule) -> ESS scale), `make_schedule`.
+- Configs: `TrainConfig` (+ `train_config_for_algo`), `LoopConfig`, `OptimConfig`,
+  `CheckpointConfig`.
+
+Side effects:
+- `RLLoop(...).run() -> RunResult`: prompts -> rollout (any `RolloutClient`; in-process engine
+  by default) -> rewards -> advantages -> train -> publish -> checkpoint; sync / one_off /
+  async (AReaL staleness), dynamic micro-batching, SIGTERM = save and stop.
+- `Checkpointer`: orbax async saves, keep-last-K, fingerprints, fallback from corrupt steps.
+- `RolloutBuffer`: in-flight groups and partial requests, serialised as arrays + JSON.
+- `RecipeConfig`, `build_recipe`, `run_recipe`: what `python -m experiments.grpo` runs.
+- `supervised_warmup`, `evaluate`, `load_model`, `MetricsLogger`, `plot_history`.
+"""
+from jaxrl_sys.train.batch import Sample, TrainBatch, pack, stack
+from jaxrl_sys.train.buffer import RolloutBuffer
+from jaxrl_sys.train.checkpoint import Checkpointer, Restored, fingerprint
+from jaxrl_sys.train.config import (ALGOS, MODES, CheckpointConfig, LoopConfig, OptimConfig,
+                                    TrainConfig, train_config_for_algo)
+from jaxrl_sys.train.evaluate import evaluate
+from jaxrl_sys.train.loop import RLLoop, RunResult
+from jaxrl_sys.train.metrics_log import MetricsLogger, plot_history
+from jaxrl_sys.train.optim import make_optimizer, make_schedule
+from jaxrl_sys.train.presets import load_model
+from jaxrl_sys.train.recipe import RecipeConfig, build_recipe, run_recipe
+from jaxrl_sys.train.state import (TrainState, abstract_state, init_train_state, state_shardings,
+                                   with_shardings)
+from jaxrl_sys.train.step import (Accum, TrainFns, accumulate, apply, init_accum, make_train_fns,
+                                  token_logprobs, train_step)
+from jaxrl_sys.train.supervised import supervised_warmup
+
+__all__ = [
+    "ALGOS", "Accum", "CheckpointConfig", "Checkpointer", "LoopConfig", "MODES",
+    "MetricsLogger", "OptimConfig", "RLLoop", "RecipeConfig", "Restored", "RolloutBuffer",
+    "RunResult", "Sample", "TrainBatch", "TrainConfig", "TrainFns", "TrainState",
+    "abstract_state", "accumulate", "apply", "build_recipe", "evaluate", "fingerprint",
+    "init_accum", "init_train_state", "load_model", "make_optimizer", "make_schedule",
+    "make_train_fns", "pack", "plot_history", "run_recipe", "stack", "state_shardings",
+    "supervised_warmup", "token_logprobs", "train_config_for_algo", "train_step",
+    "with_shardings",
+]

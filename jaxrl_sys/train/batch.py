@@ -1,0 +1,102 @@
+"""Packing completed responses into fixed-shape, right-padded training arrays.
+
+One row per sample: `prompt + response` right-padded to `seq_len`. The training forward runs
+over `tokens`; position t predicts `targets[t] = tokens[t + 1]`, so the response token j (of a
+prompt of length Lp) is scored at position `Lp - 1 + j`. All per-token arrays (`loss_mask`,
+`behav_logprobs`, `versions`) are aligned with `targets`. Shapes are fixed by the config
+(rows = groups per micro-batch x samples per group, seq_len = prompt bucket + response budget),
+so the step compiles once.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+
+class TrainBatch(NamedTuple):
+  """Arrays of one micro-batch `[rows, T]` (or a stack of them `[micro, rows, T]`).
+
+  Attributes:
+    tokens: int32, prompt + response, right-padded with the pad id.
+    targets: int32, `tokens` shifted left by one (the token each position predicts).
+    attention_mask: int32, 1 on real tokens (padding rows keep their first position so no
+      attention row is empty).
+    loss_mask: float32, 1 on positions whose target is a response token of a sample that
+      carries gradient (0 for MC-GRPO pivots and padding rows).
+    behav_logprobs: float32, the rollout engine's log-probs of the targets (behaviour policy).
+    versions: int32, weight version that generated each target token (-1 elsewhere).
+    advantages: float32 `[rows]`.
+  """
+  tokens: np.ndarray
+  targets: np.ndarray
+  attention_mask: np.ndarray
+  loss_mask: np.ndarray
+  behav_logprobs: np.ndarray
+  versions: np.ndarray
+  advantages: np.ndarray
+
+
+@dataclasses.dataclass
+class Sample:
+  """One scored response, ready to pack.
+
+  Attributes:
+    prompt: `[Lp]` int32 prompt tokens.
+    tokens, logprobs, versions: `[Lr]` response tokens, behaviour log-probs, weight versions.
+    advantage: the sample's advantage.
+    weight: 1.0, or 0.0 to exclude it from the gradient (MC-GRPO pivot).
+  """
+  prompt: np.ndarray
+  tokens: np.ndarray
+  logprobs: np.ndarray
+  versions: np.ndarray
+  advantage: float
+  weight: float = 1.0
+
+
+def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0) -> TrainBatch:
+  """Packs up to `rows` samples into one micro-batch (missing rows are padding).
+
+  Raises:
+    ValueError: when there are more samples than rows or a sample does not fit `seq_len`.
+  """
+  if len(samples) > rows:
+    raise ValueError(f"{len(samples)} samples do not fit a micro-batch of {rows} rows")
+  t = seq_len
+  tokens = np.full((rows, t), pad_id, np.int32)
+  targets = np.full((rows, t), pad_id, np.int32)
+  attn = np.zeros((rows, t), np.int32)
+  attn[:, 0] = 1
+  loss_mask = np.zeros((rows, t), np.float32)
+  behav = np.zeros((rows, t), np.float32)
+  versions = np.full((rows, t), -1, np.int32)
+  adv = np.zeros((rows,), np.float32)
+  for i, s in enumerate(samples):
+    lp, lr = len(s.prompt), len(s.tokens)
+    if lp + lr > t:
+      raise ValueError(f"sample of {lp} prompt + {lr} response tokens exceeds seq_len={t}")
+    seq = np.concatenate([np.asarray(s.prompt, np.int32), np.asarray(s.tokens, np.int32)])
+    tokens[i, :lp + lr] = seq
+    targets[i, :lp + lr - 1] = seq[1:]
+    attn[i, :lp + lr] = 1
+    sl = slice(lp - 1, lp - 1 + lr)
+    loss_mask[i, sl] = float(s.weight)
+    behav[i, sl] = s.logprobs
+    versions[i, sl] = s.versions
+    adv[i] = s.advantage
+  return TrainBatch(tokens, targets, attn, loss_mask, behav, versions, adv)
+
+
+def stack(batches: Sequence[TrainBatch]) -> TrainBatch:
+  """Stacks micro-batches on a new leading `[micro]` axis."""
+  return TrainBatch(*(np.stack(xs) for xs in zip(*batches)))
+
+
+def split(batch: TrainBatch, rows: int) -> TrainBatch:
+  """Reshapes a flat batch `[n * rows, T]` into micro-batches `[n, rows, T]`."""
+  n = batch.tokens.shape[0]
+  if n % rows:
+    raise ValueError(f"{n} rows do not split into micro-batches of {rows}")
+  return TrainBatch(*(x.reshape((n // rows, rows) + x.shape[1:]) for x in batch))

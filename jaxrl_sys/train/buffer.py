@@ -1,0 +1,128 @@
+"""The host-side rollout buffer: groups of samples in flight, and their exact serialisation.
+
+A group is the S samples of one prompt; its id is the prompt's data index (so the problem is
+`task.problem(group_id)`) and sample j has request id `group_id * S + j` and the key
+`request_key(seed, request_id)`. Everything is deterministic in (seed, group id).
+
+Between train steps the buffer holds complete groups not yet trained on, finished samples of
+incomplete groups, and the partial state of aborted requests (prompt + tokens so far, with their
+log-probs and weight versions). `to_json` / `from_json` write it as plain JSON whose arrays
+are base64 of little-endian bytes with dtype and shape (exact, no pickles).
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+from typing import Any, Iterable
+
+import numpy as np
+
+from jaxrl_sys.rollout.types import Completion, FinishReason, Request
+
+
+def encode_array(x: np.ndarray) -> dict:
+  x = np.ascontiguousarray(x)
+  return {"dtype": x.dtype.str, "shape": list(x.shape),
+          "data": base64.b64encode(x.tobytes()).decode("ascii")}
+
+
+def decode_array(d: dict) -> np.ndarray:
+  dtype = np.dtype(d["dtype"])
+  if dtype.hasobject:
+    raise ValueError("object arrays are not allowed in a checkpoint")
+  raw = base64.b64decode(d["data"].encode("ascii"))
+  return np.frombuffer(raw, dtype).reshape(d["shape"]).copy()
+
+
+def request_to_json(r: Request) -> dict:
+  return {"request_id": int(r.request_id), "max_new_tokens": int(r.max_new_tokens),
+          "group_id": int(r.group_id), "min_version": int(r.min_version), "meta": r.meta,
+          "prompt": encode_array(r.prompt), "key": encode_array(r.key),
+          "tokens": encode_array(r.tokens), "logprobs": encode_array(r.logprobs),
+          "versions": encode_array(r.versions)}
+
+
+def request_from_json(d: dict) -> Request:
+  return Request(request_id=d["request_id"], prompt=decode_array(d["prompt"]),
+                 max_new_tokens=d["max_new_tokens"], key=decode_array(d["key"]),
+                 group_id=d["group_id"], tokens=decode_array(d["tokens"]),
+                 logprobs=decode_array(d["logprobs"]), versions=decode_array(d["versions"]),
+                 min_version=d["min_version"], meta=dict(d["meta"]))
+
+
+@dataclasses.dataclass
+class Group:
+  """The samples of one prompt. `done[j]` is sample j's Completion once finished."""
+  group_id: int
+  size: int
+  admitted_version: int
+  done: dict[int, Completion] = dataclasses.field(default_factory=dict)
+
+  @property
+  def complete(self) -> bool:
+    return len(self.done) == self.size
+
+  def completions(self) -> list[Completion]:
+    return [self.done[j] for j in range(self.size)]
+
+
+class RolloutBuffer:
+  """Groups in flight plus aborted partial requests waiting to be resubmitted."""
+
+  def __init__(self, samples_per_group: int):
+    self.samples_per_group = samples_per_group
+    self.groups: dict[int, Group] = {}
+    self.partials: list[Request] = []
+
+  def add_group(self, group_id: int, version: int) -> None:
+    if group_id in self.groups:
+      raise ValueError(f"group {group_id} is already in the buffer")
+    self.groups[group_id] = Group(group_id, self.samples_per_group, version)
+
+  def record(self, completions: Iterable[Completion]) -> None:
+    """Files finished samples under their groups (unknown groups are an error)."""
+    for c in completions:
+      if c.finish == FinishReason.ABORTED:
+        self.partials.append(c.request)
+        continue
+      gid, j = divmod(c.request_id, self.samples_per_group)
+      if gid not in self.groups:
+        raise KeyError(f"completion {c.request_id} belongs to no buffered group ({gid})")
+      self.groups[gid].done[j] = c
+
+  def complete_groups(self) -> list[Group]:
+    """Complete groups, oldest (lowest id = admitted first) first."""
+    return [self.groups[g] for g in sorted(self.groups) if self.groups[g].complete]
+
+  def pop(self, group_id: int) -> Group:
+    return self.groups.pop(group_id)
+
+  def take_partials(self) -> list[Request]:
+    out, self.partials = self.partials, []
+    return out
+
+  @property
+  def num_samples(self) -> int:
+    return sum(len(g.done) for g in self.groups.values())
+
+  def to_json(self) -> dict[str, Any]:
+    groups = []
+    for g in sorted(self.groups.values(), key=lambda g: g.group_id):
+      groups.append({"group_id": g.group_id, "size": g.size, "admitted_version": g.admitted_version,
+                     "done": [{"j": j, "finish": c.finish.value,
+                               "request": request_to_json(c.request)}
+                              for j, c in sorted(g.done.items())]})
+    return {"samples_per_group": self.samples_per_group, "groups": groups,
+            "partials": [request_to_json(r) for r in self.partials]}
+
+  @classmethod
+  def from_json(cls, d: dict[str, Any]) -> "RolloutBuffer":
+    buf = cls(int(d["samples_per_group"]))
+    for g in d["groups"]:
+      grp = Group(g["group_id"], g["size"], g["admitted_version"])
+      for item in g["done"]:
+        grp.done[item["j"]] = Completion(request_from_json(item["request"]),
+                                         FinishReason(item["finish"]))
+      buf.groups[grp.group_id] = grp
+    buf.partials = [request_from_json(r) for r in d["partials"]]
+    return buf

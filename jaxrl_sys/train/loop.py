@@ -1,0 +1,355 @@
+"""The host RL loop: prompts -> rollout -> rewards -> advantages -> train -> publish -> checkpoint.
+
+Owns every side effect: the rollout client, signals, checkpoints, logs. One iteration:
+
+1. admission (AReaL): resubmit aborted partials first, then admit new groups while
+   `accepted < (eta + v + 1) * B (+ APRIL over-provisioning)`, v = the current weight version
+   (= `state.step`), eta = 0 (sync), 1 (one_off) or `max_staleness` (async);
+2. collection with dynamic micro-batching: poll completions; as soon as m_b groups are complete
+   (oldest first) they are scored, packed and their gradient accumulated;
+3. one optimizer update (global normalisation over the step's micro-batches);
+4. one_off: the in-flight groups finish on the old weights (each sample from one version);
+5. publish the new weights as version v + 1;
+6. step boundary: unread completions are filed, in-flight requests aborted into the buffer
+   (resubmitted at the next admission: in async mode this is AReaL's interruptible generation,
+   the KV is recomputed with the new weights), metrics logged, a checkpoint saved when due.
+
+Because the buffer is always drained the same way at a boundary, a checkpoint taken there holds
+the whole rollout state, and a resumed run continues exactly as an uninterrupted one would.
+SIGTERM sets a flag: the current step finishes, a checkpoint is forced, and `run` returns
+with `preempted=True`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_sys.models import ModelConfig, SamplingConfig
+from jaxrl_sys.rollout.types import RolloutClient
+from jaxrl_sys.sharding import DEFAULT_RULES, Rules
+from jaxrl_sys.train import batch as batch_lib
+from jaxrl_sys.train.buffer import Group, RolloutBuffer
+from jaxrl_sys.train.checkpoint import Checkpointer
+from jaxrl_sys.train.config import CheckpointConfig, LoopConfig, TrainConfig
+from jaxrl_sys.train.groups import group_requests, score_groups
+from jaxrl_sys.train.metrics_log import (MetricsLogger, Progress, peak_flops,
+                                         train_flops_per_token)
+from jaxrl_sys.train.optim import make_optimizer, make_schedule
+from jaxrl_sys.train.state import (TrainState, abstract_state, init_train_state, state_shardings,
+                                   with_shardings)
+from jaxrl_sys.train.step import make_train_fns
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RunResult:
+  """state: the final TrainState; history: one metrics dict per step run in this call;
+  preempted: True when SIGTERM (or `request_stop`) ended the run early; resumed_from: the
+  checkpoint step restored at start (None for a fresh run)."""
+  state: TrainState
+  history: list[dict]
+  preempted: bool
+  resumed_from: int | None
+
+
+def check_lengths(model_config: ModelConfig, loop: LoopConfig) -> None:
+  """Raises ValueError when the prompt bucket plus the response budget exceed the context."""
+  if loop.seq_len > model_config.max_seq_len:
+    raise ValueError(
+        f"prompt longer than the context: max_prompt_len {loop.max_prompt_len} + max_new_tokens "
+        f"{loop.max_new_tokens} = {loop.seq_len} > the model's max_seq_len "
+        f"{model_config.max_seq_len}")
+
+
+def default_client(model_config: ModelConfig, params, loop: LoopConfig, eos_id: int, version: int,
+                   samples_per_group: int, engine_config=None) -> RolloutClient:
+  """The embedded default: `InProcessRollout` sized for the loop's in-flight requests."""
+  # pylint: disable-next=import-outside-toplevel
+  from jaxrl_sys.rollout import EngineConfig, InProcessRollout
+  if engine_config is None:
+    groups = (loop.staleness + 1) * loop.prompts_per_step + _extra_groups(loop)
+    engine_config = EngineConfig(
+        num_slots=min(groups * samples_per_group, 512), max_len=loop.seq_len,
+        stream_every=min(8, loop.max_new_tokens),
+        sampling=SamplingConfig(temperature=loop.temperature, stop_tokens=(eos_id,)))
+  return InProcessRollout.create(model_config, params, engine_config, version=version)
+
+
+def _extra_groups(loop: LoopConfig) -> int:
+  if loop.mode == "async":
+    return 0
+  return int(math.ceil(loop.prompts_per_step * loop.oversample)) - loop.prompts_per_step
+
+
+def _copy(tree):
+  return jax.tree.map(jnp.copy, tree)
+
+
+class RLLoop:
+  """GRPO-family training of `model_config` on `task` (see the module docstring).
+
+  Args:
+    model_config, train_config, loop_config: the configs.
+    task, tokenizer: the verifiable task (`tasks.Task`) and its tokenizer (`encode(text,
+      bos=...)`, `decode`, `eos_id`, `pad_id`).
+    mesh: the training mesh.
+    init_params: callable returning the initial parameters (called only for a fresh run, so a
+      resumed run skips e.g. a supervised warm-up); None = random init from the seed.
+    client: a RolloutClient; default `InProcessRollout` over the published weights.
+    engine_config: config of the default in-process engine.
+    checkpoint: checkpoint config (directory None = no checkpoints).
+    resume: restore the newest usable checkpoint when there is one.
+    out_dir: metrics (JSONL, TensorBoard) directory, or None.
+    progress: show the stderr progress line.
+    rules: logical-axis rules.
+    warmup_engine: compile every prefill / decode variant of the default in-process engine
+      before the first step (no compilation stalls mid-run; slower start).
+  """
+
+  def __init__(self, model_config: ModelConfig, train_config: TrainConfig, loop_config: LoopConfig,
+               task, tokenizer, mesh: jax.sharding.Mesh, *,
+               init_params: Callable[[], Any] | None = None, client: RolloutClient | None = None,
+               engine_config=None, checkpoint: CheckpointConfig = CheckpointConfig(),
+               resume: bool = False, out_dir: str | None = None, progress: bool = False,
+               rules: Rules = DEFAULT_RULES, warmup_engine: bool = False):
+    check_lengths(model_config, loop_config)
+    if abs(train_config.temperature - loop_config.temperature) > 0:
+      raise ValueError(f"TrainConfig.temperature={train_config.temperature} must equal the "
+                       f"sampling temperature {loop_config.temperature}")
+    self.mc, self.tc, self.lc = model_config, train_config, loop_config
+    self.task, self.tok, self.mesh, self.rules = task, tokenizer, mesh, rules
+    # MC-GRPO draws G + 1 samples per prompt (the median pivot carries no gradient).
+    median = train_config.advantage.baseline == "median"
+    self.samples = loop_config.group_size + int(median)
+    self.optimizer = make_optimizer(train_config.optim, ess_rule=train_config.ess_rule,
+                                    base_ess_ratio=train_config.base_ess_ratio)
+    self.schedule = make_schedule(train_config.optim)
+    self.abstract = abstract_state(model_config, train_config, self.optimizer)
+    self.fns = make_train_fns(model_config, train_config, self.optimizer, self.abstract, mesh,
+                              rules=rules, schedule=self.schedule)
+    self.rows = loop_config.micro_batch_groups * self.samples
+    self._init_params, self._client, self._engine_config = init_params, client, engine_config
+    self._warmup_engine = warmup_engine
+    self.ckpt = Checkpointer(checkpoint) if checkpoint.directory else None
+    self.ckpt_cfg, self.resume = checkpoint, resume
+    self.logger = MetricsLogger(out_dir)
+    self.progress = Progress(loop_config.steps, progress)
+    self._stop = threading.Event()
+    self.flops_per_token = train_flops_per_token(model_config, loop_config.seq_len,
+                                                 reference=train_config.uses_reference)
+
+  # ----- state -------------------------------------------------------------------------------
+  def request_stop(self) -> None:
+    """Asks the loop to stop after the current step (what the SIGTERM handler does)."""
+    self._stop.set()
+
+  def _start(self) -> tuple[TrainState, dict, int | None]:
+    if self.resume and self.ckpt is not None:
+      target = with_shardings(self.abstract, state_shardings(self.abstract, self.mc,
+                                                             self.optimizer, self.mesh, self.rules))
+      got = self.ckpt.restore(target)
+      if got is not None:
+        host = got.host
+        if host.get("samples_per_group") not in (None, self.samples):
+          raise ValueError(f"checkpoint has {host['samples_per_group']} samples per group, this "
+                           f"run {self.samples}; resume with the same --group_size / --algo")
+        log.info("resumed from step %d (%s)", got.step, self.ckpt.directory)
+        return got.state, host, got.step
+    if self.ckpt is not None and not self.resume and self.ckpt.all_steps():
+      raise ValueError(
+          f"checkpoint directory {self.ckpt.directory} already holds checkpoints (steps "
+          f"{self.ckpt.all_steps()}); resume from them (--resume) or use another directory")
+    params = None if self._init_params is None else self._init_params()
+    state = init_train_state(self.mc, self.tc, self.optimizer, mesh=self.mesh, seed=self.lc.seed,
+                             params=params, rules=self.rules)
+    return state, {"next_prompt": 0, "accepted": 0}, None
+
+  def _host_state(self, buffer: RolloutBuffer) -> dict:
+    return {"next_prompt": self.next_prompt, "accepted": self.accepted,
+            "samples_per_group": self.samples, "seed": self.lc.seed,
+            "buffer": buffer.to_json()}
+
+  # ----- rollout -----------------------------------------------------------------------------
+  def _admit(self, client, buffer: RolloutBuffer, version: int) -> None:
+    partials = buffer.take_partials()
+    if partials:
+      client.submit(partials)
+    target = (self.lc.staleness + version + 1) * self.lc.prompts_per_step + _extra_groups(self.lc)
+    gids = []
+    while self.accepted < target:
+      gids.append(self.next_prompt)
+      buffer.add_group(self.next_prompt, version)
+      self.next_prompt += 1
+      self.accepted += 1
+    if gids:
+      # Strict on-policy: version-gated routing (a manager must not serve these requests with
+      # older weights); the other modes accept any version.
+      min_version = version if self.lc.mode == "sync" else -1
+      client.submit(group_requests(self.task, self.tok, gids, self.samples, seed=self.lc.seed,
+                                   max_new_tokens=self.lc.max_new_tokens,
+                                   max_prompt_len=self.lc.max_prompt_len,
+                                   min_version=min_version))
+
+  def _poll(self, client, buffer: RolloutBuffer) -> float:
+    t0 = time.monotonic()
+    got = client.poll(min_count=1, timeout=self.lc.poll_timeout)
+    if not got and not client.num_pending():
+      raise RuntimeError("rollout stalled: no completions and nothing pending "
+                         f"({len(buffer.groups)} groups buffered)")
+    buffer.record(got)
+    return time.monotonic() - t0
+
+  # ----- one step ----------------------------------------------------------------------------
+  def _train_step(self, state: TrainState, client, buffer: RolloutBuffer):
+    lc, fns = self.lc, self.fns
+    t_roll = t_train = 0.0
+    taken: list[Group] = []
+    acc = None
+    scored = []
+    pending_micro: list[Group] = []
+    m, b = lc.micro_batch_groups, lc.prompts_per_step
+    while len(taken) < b:
+      ready = buffer.complete_groups()
+      if not ready:
+        t_roll += self._poll(client, buffer)
+        continue
+      for g in ready[:b - len(taken)]:
+        taken.append(buffer.pop(g.group_id))
+        pending_micro.append(taken[-1])
+      # Dynamic micro-batching: a micro-batch starts as soon as m_b groups are complete.
+      n = len(pending_micro) if len(taken) == b else (
+          len(pending_micro) // m * m if lc.dynamic_micro_batching else 0)
+      if n:
+        t0 = time.monotonic()
+        acc = self._accumulate(state, acc, pending_micro[:n], scored)
+        t_train += time.monotonic() - t0
+        pending_micro = pending_micro[n:]
+    t0 = time.monotonic()
+    state, metrics = fns.apply(state, acc)
+    metrics = jax.device_get(metrics)
+    t_train += time.monotonic() - t0
+    return state, metrics, taken, scored, t_roll, t_train
+
+  def _accumulate(self, state, acc, groups: list[Group], scored: list):
+    """Scores `groups`, packs them into micro-batches of m_b groups and accumulates each."""
+    m = self.lc.micro_batch_groups
+    for i in range(0, len(groups), m):
+      chunk = groups[i:i + m]
+      sc = score_groups(chunk, self.task, self.tok, self.tc.advantage, pad_to=m)
+      scored.append(sc)
+      mb = self.fns.put_batch(batch_lib.pack(sc.samples, self.rows, self.lc.seq_len,
+                                             self.tok.pad_id))
+      if acc is None:
+        acc = self.fns.init_accum(state, mb)
+      acc = self.fns.accumulate(state, acc, mb)
+    return acc
+
+  def _boundary(self, client, buffer: RolloutBuffer) -> None:
+    buffer.record(client.poll(timeout=0))
+    buffer.partials.extend(client.abort())
+
+  # ----- the loop ----------------------------------------------------------------------------
+  def run(self) -> RunResult:
+    """Runs until `state.step == loop.steps` or a stop request; returns the final state."""
+    old_handler = self._install_signal_handler()
+    try:
+      return self._run()
+    finally:
+      self._restore_signal_handler(old_handler)
+
+  def _run(self) -> RunResult:
+    state, host, resumed = self._start()
+    self.next_prompt, self.accepted = int(host["next_prompt"]), int(host["accepted"])
+    buffer = (RolloutBuffer.from_json(host["buffer"]) if "buffer" in host
+              else RolloutBuffer(self.samples))
+    step = int(jax.device_get(state.step))
+    client = self._client
+    if client is None:
+      client = default_client(self.mc, _copy(state.params), self.lc, self.tok.eos_id, step,
+                              self.samples, self._engine_config)
+      if self._warmup_engine:
+        client.engine.warmup()
+    else:
+      client.publish_weights(_copy(state.params), step)
+    history, preempted = [], False
+    try:
+      while step < self.lc.steps:
+        t_step = time.monotonic()
+        self._admit(client, buffer, step)
+        state, metrics, taken, scored, t_roll, t_train = self._train_step(state, client, buffer)
+        if self.lc.mode == "one_off":
+          while client.num_pending():  # finish the next batch on the weights that started it
+            t_roll += self._poll(client, buffer)
+        step += 1
+        client.publish_weights(_copy(state.params), step)
+        self._boundary(client, buffer)
+        row = self._metrics(metrics, scored, taken, t_roll, t_train, time.monotonic() - t_step,
+                            step - 1)
+        row["groups_buffered"] = len(buffer.groups)
+        row["group_ids"] = [g.group_id for g in taken]
+        history.append(row)
+        self.logger.log(step, row)
+        self.progress.update(step, row, newline=step % max(self.lc.log_every, 1) == 0)
+        stop = self._stop.is_set()
+        if self.ckpt is not None and (stop or step == self.lc.steps or (
+            self.ckpt_cfg.save_every and step % self.ckpt_cfg.save_every == 0)):
+          self.ckpt.save(state, self._host_state(buffer), force=stop)
+        if stop:
+          preempted = step < self.lc.steps
+          break
+    finally:
+      if self.ckpt is not None:
+        self.ckpt.close()
+      self.logger.close()
+      self.progress.close()
+    return RunResult(state, history, preempted, resumed)
+
+  def _metrics(self, metrics, scored, taken, t_roll, t_train, t_step, version) -> dict:
+    rewards = np.concatenate([s.rewards.reshape(-1) for s in scored])
+    lengths = np.concatenate([s.lengths.reshape(-1) for s in scored])
+    stopped = np.concatenate([s.stopped.reshape(-1) for s in scored])
+    versions = np.concatenate([c.request.versions for g in taken for c in g.completions()])
+    gen_tokens = int(lengths.sum())
+    trained_positions = len(scored) * self.rows * self.lc.seq_len
+    row = {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist())
+           for k, v in metrics.items()}
+    ndev = self.mesh.devices.size
+    row.update(
+        reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
+        reward_max=float(rewards.max()), response_len_mean=float(lengths.mean()),
+        response_len_max=float(lengths.max()), stop_frac=float(stopped.mean()),
+        zero_variance_frac=sum(s.zero_variance for s in scored) / max(len(taken), 1),
+        off_policy_token_frac_host=float((versions < version).mean()) if versions.size else 0.0,
+        time_rollout=t_roll, time_train=t_train, time_step=t_step,
+        tokens_per_s=gen_tokens / max(t_step, 1e-9),
+        rollout_tokens_per_s=gen_tokens / max(t_roll, 1e-9),
+        train_tokens_per_s=trained_positions / max(t_train, 1e-9),
+        mfu=self.flops_per_token * trained_positions / max(t_train, 1e-9) / (
+            peak_flops() * ndev),
+        next_prompt=self.next_prompt)
+    return row
+
+  # ----- signals -----------------------------------------------------------------------------
+  def _install_signal_handler(self):
+    if threading.current_thread() is not threading.main_thread():
+      return None
+
+    def handler(signum, frame):  # pylint: disable=unused-argument
+      log.warning("SIGTERM: finishing the current step, then saving and exiting")
+      self._stop.set()
+    return signal.signal(signal.SIGTERM, handler)
+
+  @staticmethod
+  def _restore_signal_handler(old) -> None:
+    if old is not None and threading.current_thread() is threading.main_thread():
+      signal.signal(signal.SIGTERM, old)

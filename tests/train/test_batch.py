@@ -1,0 +1,59 @@
+"""Host-side packing, request keys and the rollout buffer's serialisation."""
+import json
+
+import numpy as np
+import pytest
+
+from jaxrl_sys.rollout.types import Completion, FinishReason, Request, request_key
+from jaxrl_sys.train.batch import Sample, pack, split, stack
+from jaxrl_sys.train.buffer import RolloutBuffer
+from jaxrl_sys.train.groups import request_keys
+
+
+def test_pack_aligns_targets_and_response_masks():
+  s = Sample(prompt=np.array([1, 7, 8]), tokens=np.array([4, 5, 2]),
+             logprobs=np.array([-0.1, -0.2, -0.3], np.float32), versions=np.array([3, 3, 4]),
+             advantage=0.5, weight=1.0)
+  pivot = Sample(np.array([1, 9]), np.array([6]), np.array([-1.0], np.float32), np.array([3]),
+                 advantage=0.0, weight=0.0)
+  b = pack([s, pivot], rows=3, seq_len=8, pad_id=0)
+  np.testing.assert_array_equal(b.tokens[0], [1, 7, 8, 4, 5, 2, 0, 0])
+  np.testing.assert_array_equal(b.targets[0], [7, 8, 4, 5, 2, 0, 0, 0])
+  # the response token j is predicted at position len(prompt) - 1 + j
+  np.testing.assert_array_equal(b.loss_mask[0], [0, 0, 1, 1, 1, 0, 0, 0])
+  np.testing.assert_allclose(b.behav_logprobs[0, 2:5], [-0.1, -0.2, -0.3])
+  np.testing.assert_array_equal(b.versions[0], [-1, -1, 3, 3, 4, -1, -1, -1])
+  np.testing.assert_array_equal(b.attention_mask[0], [1] * 6 + [0, 0])
+  assert b.loss_mask[1].sum() == 0 and b.versions[1, 1] == 3   # excluded pivot
+  assert b.loss_mask[2].sum() == 0 and b.attention_mask[2, 0] == 1  # padding row
+  assert b.advantages.tolist() == [0.5, 0.0, 0.0]
+  assert stack([b, b]).tokens.shape == (2, 3, 8)
+  assert split(pack([s] * 4, 4, 8), 2).tokens.shape == (2, 2, 8)
+  with pytest.raises(ValueError, match="exceeds seq_len"):
+    pack([s], rows=1, seq_len=5)
+
+
+def test_request_keys_match_request_key():
+  ids = [0, 1, 5, 77, 123456]
+  for seed in (0, 9):
+    np.testing.assert_array_equal(request_keys(seed, ids),
+                                  np.stack([request_key(seed, i) for i in ids]))
+
+
+def test_buffer_json_is_exact_and_plain():
+  buf = RolloutBuffer(samples_per_group=2)
+  buf.add_group(3, version=2)
+  lp = np.array([-0.123456789, -1e-30], np.float32)
+  done = Request(6, [1, 4], 5, request_key(0, 6), group_id=3, tokens=[7, 2], logprobs=lp,
+                 versions=[1, 2], min_version=1, meta={"group": 3, "sample": 0})
+  buf.record([Completion(done, FinishReason.STOP)])
+  buf.partials.append(Request(7, [1, 4], 5, request_key(0, 7), group_id=3, tokens=[9],
+                              logprobs=[-2.5], versions=[2]))
+  text = json.dumps(buf.to_json())          # plain JSON, no pickles
+  back = RolloutBuffer.from_json(json.loads(text))
+  got = back.groups[3].done[0]
+  assert got.finish == FinishReason.STOP and got.request.min_version == 1
+  np.testing.assert_array_equal(got.request.logprobs, lp)   # bit-exact floats
+  np.testing.assert_array_equal(got.request.key, done.key)
+  assert back.partials[0].tokens.tolist() == [9] and not back.groups[3].complete
+  assert back.to_json() == buf.to_json()
