@@ -25,7 +25,8 @@ f32 = jnp.float32
 _NEG = -1e30
 
 
-def decode_attention_reference(q, k_cache, v_cache, kv_mask, *, scale=None, lengths=None):
+def decode_attention_reference(q, k_cache, v_cache, kv_mask, *, scale=None, lengths=None,
+                               return_lse=False):
   """Plain-XLA masked softmax decode attention; same contract as `decode_attention`."""
   batch, hq, d = q.shape
   max_len, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -37,11 +38,16 @@ def decode_attention_reference(q, k_cache, v_cache, kv_mask, *, scale=None, leng
   s = jnp.einsum("bhgd,blhd->bhgl", qg, k_cache.astype(q.dtype), preferred_element_type=f32)
   mask = valid[:, None, None, :]
   s = jnp.where(mask, s * scale, _NEG)
-  p = jnp.where(mask, jnp.exp(s - jnp.max(s, axis=-1, keepdims=True)), 0.0)
+  m = jnp.max(s, axis=-1, keepdims=True)
+  p = jnp.where(mask, jnp.exp(s - m), 0.0)
   denom = jnp.sum(p, axis=-1, keepdims=True)
   p = p / jnp.where(denom > 0, denom, 1.0)
   out = jnp.einsum("bhgl,blhd->bhgd", p, v_cache.astype(f32), preferred_element_type=f32)
-  return out.reshape(batch, hq, d).astype(q.dtype)
+  out = out.reshape(batch, hq, d).astype(q.dtype)
+  if not return_lse:
+    return out
+  lse = jnp.where(denom > 0, m + jnp.log(jnp.where(denom > 0, denom, 1.0)), _NEG)
+  return out, lse.reshape(batch, hq)
 
 
 class _Dims(NamedTuple):
@@ -55,7 +61,7 @@ class _Dims(NamedTuple):
   scale: float
 
 
-def _kernel(len_ref, q_ref, k_ref, v_ref, m_ref, o_ref, *, dm: _Dims):
+def _kernel(len_ref, q_ref, k_ref, v_ref, m_ref, o_ref, lse_ref=None, *, dm: _Dims):
   b, h = pl.program_id(0), pl.program_id(1)
   gi = jnp.arange(dm.gp)
   dmask = (jnp.arange(dm.dp) < dm.d)[None, :]
@@ -82,12 +88,15 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, m_ref, o_ref, *, dm: _Dims):
     return acc, m_new, l
 
   init = (jnp.zeros((dm.gp, dm.dp), f32), jnp.full((dm.gp,), _NEG, f32), jnp.zeros((dm.gp,), f32))
-  acc, _, l = lax.fori_loop(0, lax.div(length + dm.bk - 1, dm.bk), body, init)
+  acc, m, l = lax.fori_loop(0, lax.div(length + dm.bk - 1, dm.bk), body, init)
   out = acc / jnp.where(l > 0, l, 1.0)[:, None]
   store(o_ref.at[pl.ds(h * dm.group, dm.gp), :], out, mask=row_ok & dmask)
+  if lse_ref is not None:
+    lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), _NEG)
+    store(lse_ref.at[pl.ds(h * dm.group, dm.gp)], lse, mask=gi < dm.group)
 
 
-def _decode_pallas(q, k_cache, v_cache, kv_mask, lengths, scale, block_k, interpret):
+def _decode_pallas(q, k_cache, v_cache, kv_mask, lengths, scale, block_k, interpret, return_lse):
   batch, hq, d = q.shape
   max_len, hkv = k_cache.shape[1], k_cache.shape[2]
   group = hq // hkv
@@ -97,13 +106,17 @@ def _decode_pallas(q, k_cache, v_cache, kv_mask, lengths, scale, block_k, interp
   hp = hq + dm.gp  # room for the last group's padded tile
   q_spec = pl.BlockSpec((None, hp, dm.dp), lambda b, h: (b, 0, 0))
   kv_spec = pl.BlockSpec((None, lp, None, dm.dp), lambda b, h: (b, 0, h, 0))
+  out_specs, out_shape = q_spec, jax.ShapeDtypeStruct(q.shape, q.dtype)
+  if return_lse:
+    out_specs = (q_spec, pl.BlockSpec((None, hp), lambda b, h: (b, 0)))
+    out_shape = (out_shape, jax.ShapeDtypeStruct((batch, hq), f32))
   return pl.pallas_call(
       lambda *refs: _kernel(*refs, dm=dm),
       grid=(batch, hkv),
       in_specs=[pl.BlockSpec((batch,), lambda b, h: (0,)), q_spec, kv_spec, kv_spec,
                 pl.BlockSpec((None, lp), lambda b, h: (b, 0))],
-      out_specs=q_spec,
-      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+      out_specs=out_specs,
+      out_shape=out_shape,
       compiler_params=dispatch.compiler_params(num_warps=4, num_stages=2),
       interpret=interpret,
       name="decode_attention",
@@ -112,8 +125,8 @@ def _decode_pallas(q, k_cache, v_cache, kv_mask, lengths, scale, block_k, interp
 
 def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_mask: jax.Array,
                      *, scale: float | None = None, impl: str = "auto", block_k: int = 128,
-                     lengths: jax.Array | None = None, interpret: bool | None = None
-                     ) -> jax.Array:
+                     lengths: jax.Array | None = None, interpret: bool | None = None,
+                     return_lse: bool = False):
   """Attention of one new query token per sequence over its KV cache (inference only).
 
   Args:
@@ -128,9 +141,12 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
     lengths: optional `[batch]` int32; keys at positions >= lengths[b] are ignored and their
       blocks skipped.
     interpret: Pallas interpret mode; default True on CPU.
+    return_lse: also return the float32 log-sum-exp of the scaled scores `[batch, num_q_heads]`
+      (-1e30 for a row with no valid key), so a caller can fold in more keys afterwards.
 
   Returns:
-    `[batch, num_q_heads, head_dim]` in q.dtype; 0 for a row with no valid key.
+    `[batch, num_q_heads, head_dim]` in q.dtype; 0 for a row with no valid key (and the lse when
+    `return_lse`).
   """
   chex.assert_rank([q, k_cache, v_cache, kv_mask], [3, 4, 4, 2])
   chex.assert_equal_shape([k_cache, v_cache])
@@ -144,8 +160,9 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
     chex.assert_shape(lengths, q.shape[:1])
   scale = q.shape[2] ** -0.5 if scale is None else float(scale)
   if dispatch.resolve_impl(impl) == "xla":
-    return decode_attention_reference(q, k_cache, v_cache, kv_mask, scale=scale, lengths=lengths)
+    return decode_attention_reference(q, k_cache, v_cache, kv_mask, scale=scale, lengths=lengths,
+                                      return_lse=return_lse)
   if lengths is None:
     lengths = jnp.full(q.shape[:1], k_cache.shape[1], jnp.int32)
   return _decode_pallas(q, k_cache, v_cache, kv_mask.astype(jnp.int32), lengths.astype(jnp.int32),
-                        scale, block_k, dispatch.resolve_interpret(interpret))
+                        scale, block_k, dispatch.resolve_interpret(interpret), return_lse)

@@ -56,7 +56,7 @@ def segment_causal_mask(segment_ids, causal: bool = True):
   return same
 
 
-def single_query_attention(q, k, v, kv_mask, scale: float):
+def single_query_attention(q, k, v, kv_mask, scale: float, *, return_lse: bool = False):
   """Attention of one new token per row over a KV cache (the XLA decode path).
 
   Written as broadcast-multiply + reductions rather than a batched matmul of 1-row matrices,
@@ -65,15 +65,55 @@ def single_query_attention(q, k, v, kv_mask, scale: float):
   Args:
     q: `[batch, num_q_heads, head_dim]`; k, v: `[batch, max_len, num_kv_heads, head_dim]`;
     kv_mask: `[batch, max_len]` bool.
+    scale: multiplier of q.k.
+    return_lse: also return the float32 log-sum-exp of the scaled scores `[batch, num_q_heads]`
+      (`NEG_INF` for a row with no valid key), for `merge_new_token`.
 
   Returns:
-    `[batch, num_q_heads, head_dim]`.
+    `[batch, num_q_heads, head_dim]` (and the lse when asked).
   """
   b, hq, d = q.shape
   hkv = k.shape[2]
   qg = q.reshape(b, hkv, hq // hkv, d).astype(jnp.float32)
   s = jnp.sum(qg[:, None] * k[:, :, :, None, :].astype(jnp.float32), axis=-1) * scale
-  s = jnp.where(kv_mask[:, :, None, None], s, NEG_INF)          # [b, len, hkv, g]
-  p = jnp.where(kv_mask[:, :, None, None], jax.nn.softmax(s, axis=1), 0.0)
-  o = jnp.sum(p[..., None] * v[:, :, :, None, :].astype(jnp.float32), axis=1)
-  return o.reshape(b, hq, d).astype(q.dtype)
+  valid = kv_mask[:, :, None, None]
+  s = jnp.where(valid, s, NEG_INF)                               # [b, len, hkv, g]
+  m = jnp.max(s, axis=1)
+  e = jnp.where(valid, jnp.exp(s - m[:, None]), 0.0)
+  l = jnp.sum(e, axis=1)
+  o = jnp.sum(e[..., None] * v[:, :, :, None, :].astype(jnp.float32), axis=1)
+  o = (o / jnp.where(l > 0, l, 1.0)[..., None]).reshape(b, hq, d).astype(q.dtype)
+  if not return_lse:
+    return o
+  lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), NEG_INF)
+  return o, lse.reshape(b, hq)
+
+
+def merge_new_token(out, lse, q, k_new, v_new, new_valid, scale: float):
+  """Adds the current token's own key/value to attention already taken over the cache.
+
+  Decoding attends to the cache read-only and folds in the new token here, so the cache can be
+  written once per step for all layers instead of being rewritten inside every layer.
+
+  Args:
+    out: `[batch, num_q_heads, head_dim]` attention over the cache; lse: `[batch, num_q_heads]`
+      float32 log-sum-exp of its scores (`NEG_INF` when it saw no key).
+    q: `[batch, num_q_heads, head_dim]`; k_new, v_new: `[batch, num_kv_heads, head_dim]`.
+    new_valid: `[batch]` bool, whether the new token is a real token (may be attended).
+    scale: multiplier of q.k.
+
+  Returns:
+    `[batch, num_q_heads, head_dim]` in q's dtype: softmax attention over cache + new token.
+  """
+  b, hq, d = q.shape
+  g = hq // k_new.shape[1]
+  kn = jnp.repeat(k_new.astype(jnp.float32), g, axis=1)
+  vn = jnp.repeat(v_new.astype(jnp.float32), g, axis=1)
+  s = jnp.sum(q.astype(jnp.float32) * kn, axis=-1) * scale         # [b, hq]
+  s = jnp.where(new_valid[:, None], s, NEG_INF)
+  m = jnp.maximum(lse, s)
+  w_old = jnp.where(lse > NEG_INF / 2, jnp.exp(lse - m), 0.0)
+  w_new = jnp.where(new_valid[:, None], jnp.exp(s - m), 0.0)
+  denom = w_old + w_new
+  o = out.astype(jnp.float32) * w_old[..., None] + vn * w_new[..., None]
+  return (o / jnp.where(denom > 0, denom, 1.0)[..., None]).astype(q.dtype)

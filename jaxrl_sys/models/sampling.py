@@ -101,13 +101,31 @@ def request_keys(key, batch: int):
   return jax.random.split(key, batch)
 
 
+def decode_windows(filled: int, max_steps: int, cache_len: int, min_segment: int = 32,
+                   max_segments: int = 4) -> tuple[tuple[int, int], ...]:
+  """Splits a decode loop into segments with a growing attention window.
+
+  Every row's cache holds at most `filled` slots when the loop starts and gains one per step,
+  so during steps `[.., end)` attention need only read slots `[0, filled + end)`. Each segment
+  is its own compiled loop, so there are at most `max_segments` of at least `min_segment`
+  steps. Returns `((end_step, kv_window), ...)` covering `[0, max_steps)`.
+  """
+  n = max(1, min(max_segments, max_steps // min_segment))
+  seg = -(-max_steps // n)
+  ends = [min(max_steps, seg * (i + 1)) for i in range(n)]
+  return tuple((e, min(cache_len, filled + e)) for e in ends)
+
+
 def decode_loop(params, config: ModelConfig, sampling: SamplingConfig, cache: kvc.KVCache,
-                first_logits, keys, start_index, done, max_steps: int):
+                first_logits, keys, start_index, done, max_steps: int,
+                windows: tuple[tuple[int, int], ...] | None = None):
   """Samples up to `max_steps` tokens from `first_logits [batch, vocab]` onwards.
 
   `start_index [batch]` is the response index of the first sampled token (non-zero for
-  resumed requests); rows with `done` set generate nothing. Returns GenerateOutput of width
-  `max_steps` (the tokens produced by this loop only).
+  resumed requests); rows with `done` set generate nothing. `windows` (static, from
+  `decode_windows`) bounds the cache slots read per segment of steps; None reads the whole
+  cache every step. Returns GenerateOutput of width `max_steps` (the tokens produced by this
+  loop only).
   """
   b = first_logits.shape[0]
   toks = jnp.zeros((b, max_steps), jnp.int32)
@@ -115,11 +133,7 @@ def decode_loop(params, config: ModelConfig, sampling: SamplingConfig, cache: kv
   lengths = jnp.zeros((b,), jnp.int32)
   finished = jnp.zeros((b,), bool)
 
-  def cond(state):
-    step, _, _, _, _, _, done, _ = state
-    return (step < max_steps) & ~jnp.all(done)
-
-  def body(state):
+  def body(state, kv_window):
     step, cache, logits, toks, lps, lengths, done, finished = state
     tok, lp = sample_tokens(logits, keys, start_index + step, sampling)
     live = ~done
@@ -129,12 +143,16 @@ def decode_loop(params, config: ModelConfig, sampling: SamplingConfig, cache: kv
     stop = live & _is_stop(tok, sampling.stop_tokens)
     finished = finished | stop
     done = done | stop
-    out = forward(params, config, jnp.where(live, tok, 0)[:, None], cache=cache)
+    out = forward(params, config, jnp.where(live, tok, 0)[:, None], cache=cache,
+                  kv_window=kv_window)
     logits = logits_from_hidden(params, config, out.hidden[:, 0])
     return step + 1, out.cache, logits, toks, lps, lengths, done, finished
 
   state = (jnp.int32(0), cache, first_logits, toks, lps, lengths, done, finished)
-  _, cache, _, toks, lps, lengths, _, finished = jax.lax.while_loop(cond, body, state)
+  for end, kv_window in windows or ((max_steps, None),):
+    state = jax.lax.while_loop(lambda st, end=end: (st[0] < end) & ~jnp.all(st[6]),
+                               functools.partial(body, kv_window=kv_window), state)
+  _, cache, _, toks, lps, lengths, _, finished = state
   return GenerateOutput(toks, lps, lengths, finished)
 
 
@@ -156,7 +174,8 @@ def _generate(params, prompt_tokens, prompt_mask, keys, *, config, sampling, cac
   logits = logits_from_hidden(params, config, h_last)
   zeros = jnp.zeros((b,), jnp.int32)
   return decode_loop(params, config, sampling, out.cache, logits, keys, zeros,
-                     jnp.zeros((b,), bool), sampling.max_new_tokens)
+                     jnp.zeros((b,), bool), sampling.max_new_tokens,
+                     windows=decode_windows(t, sampling.max_new_tokens, cache_len))
 
 
 def generate(params, config: ModelConfig, prompt_tokens, prompt_mask=None, *, key=None, keys=None,

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 
 from jaxrl_sys.models import kv_cache as kvc
 from jaxrl_sys.models.config import ModelConfig
-from jaxrl_sys.models.layers import (masked_attention, rms_norm, segment_causal_mask,
-                                     single_query_attention, swiglu_mlp)
+from jaxrl_sys.models.layers import (masked_attention, merge_new_token, rms_norm,
+                                     segment_causal_mask, single_query_attention, swiglu_mlp)
 from jaxrl_sys.models.rope import apply_rope, rope_cos_sin
 
 Params = dict[str, Any]
@@ -135,17 +135,21 @@ def _self_attention(q, k, v, seg, scale, impl):
   return masked_attention(q, k, v, segment_causal_mask(seg, causal=True), scale)
 
 
-def _decode_attention(q, kc, vc, kv_valid, scale, impl):
+def _decode_attention(q, k, v, kc, vc, kv_valid, new_valid, scale, impl):
+  """One new token per row (`q [b, 1, Hq, Dh]`, `k/v [b, 1, Hkv, Dh]`) attends to the cache
+  `kc/vc [b, S, Hkv, Dh]` where `kv_valid [b, S]` (read-only) and to itself where `new_valid`."""
   if _use_pallas(impl):
     from jaxrl_sys import kernels  # pylint: disable=import-outside-toplevel
-    out = kernels.decode_attention(q[:, 0], kc, vc, kv_valid, scale=scale, impl="pallas")
-    return out[:, None]
-  return single_query_attention(q[:, 0], kc, vc, kv_valid, scale)[:, None]
+    out, lse = kernels.decode_attention(q[:, 0], kc, vc, kv_valid, scale=scale, impl="pallas",
+                                        return_lse=True)
+  else:
+    out, lse = single_query_attention(q[:, 0], kc, vc, kv_valid, scale, return_lse=True)
+  return merge_new_token(out, lse, q[:, 0], k[:, 0], v[:, 0], new_valid, scale)[:, None]
 
 
 def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None, positions=None,
-            segment_ids=None, cache: kvc.KVCache | None = None, moe_state: Any = None
-            ) -> ForwardOutput:
+            segment_ids=None, cache: kvc.KVCache | None = None, moe_state: Any = None,
+            kv_window: int | None = None) -> ForwardOutput:
   """Runs the decoder stack.
 
   Args:
@@ -159,6 +163,9 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
       the attention mask.
     cache: a `KVCache` to append to (prefill or decode); None for a full (training) forward.
     moe_state: per-layer balancing state for MoE layers (stacked on `[layers]`), or None.
+    kv_window: static; when decoding one token per row, attend only to cache slots
+      `[0, kv_window)` (the caller guarantees every valid slot lies there). Saves reading the
+      unused tail of a long cache; None reads all `cache.max_len` slots.
 
   Returns:
     ForwardOutput(hidden `[batch, seq, hidden]`, new cache or None, aux dict).
@@ -193,30 +200,43 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
     x, aux = jax.lax.scan(layer, x, (params["layers"], moe_state))
     return ForwardOutput(rms_norm(x, params["final_norm"], c.rms_norm_eps), None, aux)
 
-  # With a cache: each layer's cache slice goes through the scan; the new tokens are written
-  # at per-row slots `write_pos + arange(t)`.
   kv_after, write_after, next_after = kvc.advance(cache, mask)
   rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
   slots = cache.write_pos[:, None] + jnp.arange(t)[None, :]
-  attn_mask = None if t == 1 else kvc.chunk_mask(cache, kv_after, t)
 
-  def cached_layer(x, xs):
-    p, lstate, kc, vc = xs
-    q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
-    if t == 1:   # decode: a fused select over this layer's cache (a scatter is slow on CPU)
-      hit = (jnp.arange(cache.max_len)[None, :] == cache.write_pos[:, None])[:, :, None, None]
-      kc, vc = jnp.where(hit, k.astype(kc.dtype), kc), jnp.where(hit, v.astype(vc.dtype), vc)
-      out = _decode_attention(q, kc.astype(x.dtype), vc.astype(x.dtype), kv_after, scale,
-                              c.attention_impl)
-    else:
+  if t == 1:
+    # Decode: every layer reads its cache slice (scan xs, never rewritten) and folds in the new
+    # token's own k/v; the new k/v of all layers are scattered into the stacked cache once after
+    # the scan (in place when the cache is a loop carry or a donated argument).
+    def decode_layer(x, xs):
+      p, lstate, kc, vc = xs
+      q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
+      w = cache.max_len if kv_window is None else min(kv_window, cache.max_len)
+      out = _decode_attention(q, k, v, kc[:, :w], vc[:, :w], cache.kv_valid[:, :w],
+                              mask[:, 0] > 0, scale, c.attention_impl)
+      x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype), lstate)
+      return x, (k[:, 0], v[:, 0], aux)
+
+    x, (k_new, v_new, aux) = jax.lax.scan(decode_layer, x,
+                                          (params["layers"], moe_state, cache.k, cache.v))
+    k_all = cache.k.at[:, rows[:, 0], slots[:, 0]].set(k_new.astype(cache.k.dtype), mode="drop")
+    v_all = cache.v.at[:, rows[:, 0], slots[:, 0]].set(v_new.astype(cache.v.dtype), mode="drop")
+  else:
+    # Prefill / chunk: each layer's cache slice goes through the scan and the chunk is written
+    # at per-row slots `write_pos + arange(t)` before attending.
+    attn_mask = kvc.chunk_mask(cache, kv_after, t)
+
+    def chunk_layer(x, xs):
+      p, lstate, kc, vc = xs
+      q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
       kc = kc.at[rows, slots].set(k.astype(kc.dtype), mode="drop")
       vc = vc.at[rows, slots].set(v.astype(vc.dtype), mode="drop")
       out = masked_attention(q, kc.astype(x.dtype), vc.astype(x.dtype), attn_mask, scale)
-    x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype), lstate)
-    return x, (kc, vc, aux)
+      x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype), lstate)
+      return x, (kc, vc, aux)
 
-  x, (k_all, v_all, aux) = jax.lax.scan(cached_layer, x,
-                                        (params["layers"], moe_state, cache.k, cache.v))
+    x, (k_all, v_all, aux) = jax.lax.scan(chunk_layer, x,
+                                          (params["layers"], moe_state, cache.k, cache.v))
   hidden = rms_norm(x, params["final_norm"], c.rms_norm_eps)
   return ForwardOutput(hidden, kvc.KVCache(k_all, v_all, kv_after, write_after, next_after), aux)
 

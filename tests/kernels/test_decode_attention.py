@@ -64,3 +64,26 @@ def test_pallas_bf16_cache_under_jit(keys):
   out = f(q, k, v, mask)
   assert out.dtype == jnp.bfloat16
   assert_close(out, naive(q, k, v, mask, D ** -0.5), jnp.bfloat16)
+
+
+def naive_lse(q, k, valid, scale):
+  """log sum_j exp(q.k_j * scale) over valid keys, per row and head; -1e30 with no valid key."""
+  q, k, valid = (np.asarray(jnp.asarray(x, jnp.float32)) for x in (q, k, valid))
+  group = q.shape[1] // k.shape[2]
+  out = np.full(q.shape[:2], -1e30, np.float32)
+  for b in range(q.shape[0]):
+    idx = np.nonzero(valid[b])[0]
+    for h in range(q.shape[1]):
+      if idx.size:
+        s = k[b, idx, h // group] @ q[b, h] * scale
+        out[b, h] = s.max() + np.log(np.exp(s - s.max()).sum())
+  return out
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_return_lse_matches_naive(keys, impl):
+  q, k, v, mask = cache(keys, 6, 2)
+  f = jit(decode_attention, static_argnames=("impl", "block_k", "return_lse", "scale"))
+  out, lse = f(q, k, v, mask, impl=impl, block_k=16, return_lse=True, scale=0.3)
+  assert_close(out, naive(q, k, v, mask, 0.3))
+  np.testing.assert_allclose(np.asarray(lse), naive_lse(q, k, mask, 0.3), rtol=1e-5, atol=1e-5)

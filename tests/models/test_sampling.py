@@ -64,3 +64,33 @@ def test_stop_tokens_end_rows_and_are_counted():
     assert n[i] == expect and bool(out.finished[i]) == bool(len(hits))
     np.testing.assert_array_equal(toks[i, :n[i]], bt[:n[i]])
     assert (toks[i, n[i]:] == 0).all()
+
+
+def test_decode_windows_cover_every_step_with_enough_slots():
+  from jaxrl_sys.models.sampling import decode_windows  # pylint: disable=import-outside-toplevel
+  assert decode_windows(16, 128, 144) == ((32, 48), (64, 80), (96, 112), (128, 144))
+  assert decode_windows(5, 12, 17) == ((12, 17),)
+  assert decode_windows(3, 70, 73) == ((35, 38), (70, 73))
+
+
+def test_long_greedy_generation_matches_full_forward_recompute():
+  """128 new tokens run the decode loop in four windowed segments; every token must still be
+  the argmax of a from-scratch forward over the sequence so far, with matching logprobs."""
+  cfg = models.ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+                           num_kv_heads=2, head_dim=8, intermediate_size=64, max_seq_len=160)
+  params = models.init_params(cfg, jax.random.PRNGKey(3))
+  params = jax.tree_util.tree_map(lambda x: x * 4.0 if x.ndim > 1 else x, params)  # sharper
+  toks = np.asarray(jax.random.randint(jax.random.PRNGKey(4), (2, 6), 1, 64), np.int32)
+  mask = np.ones_like(toks)
+  mask[1, :2] = 0                                                      # left padding
+  out = models.generate(params, cfg, toks, mask,
+                        sampling=models.SamplingConfig(temperature=0.0, max_new_tokens=128))
+  seq = np.concatenate([toks, np.asarray(out.tokens)], axis=1)
+  full_mask = np.concatenate([mask, np.ones_like(np.asarray(out.tokens))], axis=1)
+  hidden = models.forward(params, cfg, jnp.asarray(seq), attention_mask=jnp.asarray(full_mask)).hidden
+  logp = np.asarray(jax.nn.log_softmax(models.logits_from_hidden(params, cfg, hidden), axis=-1))
+  pred = logp[:, 5:-1]                                   # predictions for the 128 new tokens
+  new = np.asarray(out.tokens)
+  np.testing.assert_array_equal(new, pred.argmax(-1))
+  np.testing.assert_allclose(np.asarray(out.logprobs),
+                             np.take_along_axis(pred, new[..., None], -1)[..., 0], atol=2e-5)
