@@ -118,13 +118,14 @@ def decode_windows(filled: int, max_steps: int, cache_len: int, min_segment: int
 
 def decode_loop(params, config: ModelConfig, sampling: SamplingConfig, cache: kvc.KVCache,
                 first_logits, keys, start_index, done, max_steps: int,
-                windows: tuple[tuple[int, int], ...] | None = None):
+                windows: tuple[tuple[int, int], ...] | None = None, moe_state=None):
   """Samples up to `max_steps` tokens from `first_logits [batch, vocab]` onwards.
 
   `start_index [batch]` is the response index of the first sampled token (non-zero for
   resumed requests); rows with `done` set generate nothing. `windows` (static, from
   `decode_windows`) bounds the cache slots read per segment of steps; None reads the whole
-  cache every step. Returns GenerateOutput of width `max_steps` (the tokens produced by this
+  cache every step. `moe_state`: an MoE policy's balancing state (None = zeros). Returns
+  GenerateOutput of width `max_steps` (the tokens produced by this
   loop only).
   """
   b = first_logits.shape[0]
@@ -144,7 +145,7 @@ def decode_loop(params, config: ModelConfig, sampling: SamplingConfig, cache: kv
     finished = finished | stop
     done = done | stop
     out = forward(params, config, jnp.where(live, tok, 0)[:, None], cache=cache,
-                  kv_window=kv_window)
+                  kv_window=kv_window, moe_state=moe_state)
     logits = logits_from_hidden(params, config, out.hidden[:, 0])
     return step + 1, out.cache, logits, toks, lps, lengths, done, finished
 
@@ -165,21 +166,24 @@ def check_context(config: ModelConfig, prompt_len: int, max_new_tokens: int):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_len"))
-def _generate(params, prompt_tokens, prompt_mask, keys, *, config, sampling, cache_len):
+def _generate(params, prompt_tokens, prompt_mask, keys, moe_state, *, config, sampling,
+              cache_len):
   b, t = prompt_tokens.shape
   cache = kvc.init_cache(config, b, cache_len)
-  out = forward(params, config, prompt_tokens, attention_mask=prompt_mask, cache=cache)
+  out = forward(params, config, prompt_tokens, attention_mask=prompt_mask, cache=cache,
+                moe_state=moe_state)
   last = last_valid_index(prompt_mask)
   h_last = jnp.take_along_axis(out.hidden, last[:, None, None], axis=1)[:, 0]
   logits = logits_from_hidden(params, config, h_last)
   zeros = jnp.zeros((b,), jnp.int32)
   return decode_loop(params, config, sampling, out.cache, logits, keys, zeros,
                      jnp.zeros((b,), bool), sampling.max_new_tokens,
-                     windows=decode_windows(t, sampling.max_new_tokens, cache_len))
+                     windows=decode_windows(t, sampling.max_new_tokens, cache_len),
+                     moe_state=moe_state)
 
 
 def generate(params, config: ModelConfig, prompt_tokens, prompt_mask=None, *, key=None, keys=None,
-             sampling: SamplingConfig = SamplingConfig()) -> GenerateOutput:
+             sampling: SamplingConfig = SamplingConfig(), moe_state=None) -> GenerateOutput:
   """Prefill + jitted decode loop.
 
   Args:
@@ -190,6 +194,8 @@ def generate(params, config: ModelConfig, prompt_tokens, prompt_mask=None, *, ke
     key: one PRNG key (split into per-request keys), or
     keys: `[batch]` per-request keys (what the rollout engine uses).
     sampling: SamplingConfig (static).
+    moe_state: an MoE policy's balancing state (`models.moe.MoEState`, per-layer routing
+      biases); None = zeros.
 
   Returns:
     GenerateOutput(tokens/logprobs `[batch, max_new_tokens]`, lengths, finished).
@@ -202,5 +208,5 @@ def generate(params, config: ModelConfig, prompt_tokens, prompt_mask=None, *, ke
   if keys is None:
     keys = request_keys(jax.random.PRNGKey(0) if key is None else key, b)
   cache_len = t + sampling.max_new_tokens
-  return _generate(params, prompt_tokens, jnp.asarray(prompt_mask, jnp.int32), keys,
+  return _generate(params, prompt_tokens, jnp.asarray(prompt_mask, jnp.int32), keys, moe_state,
                    config=config, sampling=sampling, cache_len=cache_len)

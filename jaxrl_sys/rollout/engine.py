@@ -54,13 +54,18 @@ class Engine:
   thread (`submit`, `step`, `abort`, `set_weights` between steps)."""
 
   def __init__(self, model_config: ModelConfig, params: Any, config: EngineConfig = EngineConfig(),
-               version: int = 0, on_chunk: Callable[[list[TokenChunk]], None] | None = None):
+               version: int = 0, on_chunk: Callable[[list[TokenChunk]], None] | None = None,
+               moe_state: Any = None):
+    """`moe_state` is the policy's MoE balancing state (`models.moe.MoEState`: the routing
+    biases of aux-free / BIP balancing steer top-k selection, so rollout must use the trainer's);
+    None means zeros for an MoE model."""
     if config.max_len > model_config.max_seq_len:
       raise ValueError(f"EngineConfig.max_len={config.max_len} exceeds the model's max_seq_len="
                        f"{model_config.max_seq_len}")
     self.model_config, self.config, self.on_chunk = model_config, config, on_chunk
     self.params, self.version = params, int(version)
-    self._param_shapes = _shapes(params)
+    self.moe_state = self._moe_state(moe_state)
+    self._param_shapes = _shapes((params, self.moe_state))
     s = config.num_slots
     dtype = None if config.cache_dtype is None else jax.numpy.dtype(config.cache_dtype)
     self.cache = kvc.init_cache(model_config, s, config.max_len, dtype)
@@ -172,14 +177,26 @@ class Engine:
     self.stats.aborted += len(out)
     return out
 
-  def set_weights(self, params: Any, version: int) -> None:
-    """Uses `params` (same structure, shapes and dtypes) for every token generated from now on;
-    those tokens carry `version`. Running requests keep their KV unless
-    `config.recompute_kv_on_swap`, which re-queues them first to be re-prefilled."""
-    if _shapes(params) != self._param_shapes:
+  def _moe_state(self, moe_state: Any) -> Any:
+    if self.model_config.moe is None:
+      if moe_state is not None:
+        raise ValueError("moe_state given for a dense model (model_config.moe is None)")
+      return None
+    if moe_state is None:
+      from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
+      return moe.init_moe_state(self.model_config)
+    return moe_state
+
+  def set_weights(self, params: Any, version: int, moe_state: Any = None) -> None:
+    """Uses `params` (same structure, shapes and dtypes) and `moe_state` (MoE models; None =
+    zeros) for every token generated from now on; those tokens carry `version`. Running
+    requests keep their KV unless `config.recompute_kv_on_swap`, which re-queues them first to
+    be re-prefilled."""
+    moe_state = self._moe_state(moe_state)
+    if _shapes((params, moe_state)) != self._param_shapes:
       raise ValueError("set_weights: params differ in structure, shape or dtype from the "
                        "engine's (this would recompile every function)")
-    self.params, self.version = params, int(version)
+    self.params, self.version, self.moe_state = params, int(version), moe_state
     self._prefix = [None] * self.config.num_slots  # new admissions prefill with the new weights
     if self.config.recompute_kv_on_swap:
       running = [self._req[s] for s in np.flatnonzero(self._live)]
@@ -217,7 +234,7 @@ class Engine:
     c = self.config
     out = self._call(slots.decode, self.params, self.cache, self._pending[:rows],
                      self._keys[:rows], self._index[:rows], self._budget[:rows], live,
-                     config=self.model_config, sampling=c.sampling, num_steps=c.stream_every,
+                     self.moe_state, config=self.model_config, sampling=c.sampling, num_steps=c.stream_every,
                      width=width)
     self.cache = out[0]
     return out[1:]
@@ -243,7 +260,7 @@ class Engine:
       for b in c.prefill_batch_buckets:
         self.cache = self._call(slots.prefill, self.params, self.cache, np.zeros((b, t), np.int32),
                                 np.zeros((b,), np.int32), np.full((b,), n, np.int32),
-                                config=self.model_config)
+                                self.moe_state, config=self.model_config)
     for t in c.copy_buckets:
       self.cache = self._call(slots.copy_prefix, self.cache, np.zeros((n,), np.int32),
                               np.full((n,), n, np.int32), np.zeros((n,), np.int32), t=t)
@@ -307,7 +324,7 @@ class Engine:
       for j, (q, s) in enumerate(part):
         toks[j, :len(q)], lens[j], dst[j] = q, len(q), s
       self.cache = self._call(slots.prefill, self.params, self.cache, toks, lens, dst,
-                              config=self.model_config)
+                              self.moe_state, config=self.model_config)
       self.stats.prefill_calls += 1
       self.stats.prefill_rows += len(part)
       self.stats.prefill_tokens += int(lens.sum())

@@ -30,11 +30,12 @@ class InProcessRollout:
 
   @classmethod
   def create(cls, model_config: ModelConfig, params: Any, engine_config: EngineConfig | None = None,
-             version: int = 0, on_chunk: Callable[[list[TokenChunk]], None] | None = None
-             ) -> "InProcessRollout":
-    """Builds the engine and the client. `on_chunk` receives every streamed chunk list."""
+             version: int = 0, on_chunk: Callable[[list[TokenChunk]], None] | None = None,
+             moe_state: Any = None) -> "InProcessRollout":
+    """Builds the engine and the client. `on_chunk` receives every streamed chunk list;
+    `moe_state` is the policy's MoE balancing state (None: dense model, or zeros)."""
     return cls(Engine(model_config, params, engine_config or EngineConfig(), version=version,
-                      on_chunk=on_chunk))
+                      on_chunk=on_chunk, moe_state=moe_state))
 
   def submit(self, requests: Sequence[Request]) -> None:
     """Queues requests (fresh or partial); never generates."""
@@ -62,9 +63,10 @@ class InProcessRollout:
     finished but not yet polled stay available to `poll()`."""
     return self.engine.abort(request_ids)
 
-  def publish_weights(self, params: Any, version: int) -> None:
-    """Tokens generated from now on use `params` and carry `version`."""
-    self.engine.set_weights(params, version)
+  def publish_weights(self, params: Any, version: int, moe_state: Any = None) -> None:
+    """Tokens generated from now on use `params` (and `moe_state`, an MoE policy's routing
+    biases; None = zeros) and carry `version`."""
+    self.engine.set_weights(params, version, moe_state)
 
   def num_pending(self) -> int:
     """Requests submitted and not yet returned by `poll()` or `abort()`."""

@@ -58,8 +58,8 @@ def _write_prefix(cache: kvc.KVCache, k, v, lengths, dst) -> kvc.KVCache:
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
-def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, *, config: ModelConfig
-            ) -> kvc.KVCache:
+def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, moe_state=None, *,
+            config: ModelConfig) -> kvc.KVCache:
   """Prefills a block of right-padded sequences and writes each into one slot.
 
   Args:
@@ -68,6 +68,7 @@ def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, *, config: ModelCo
     tokens: `[batch, t]` int32, right-padded (t is a prefill bucket <= max_len).
     lengths: `[batch]` int32 real length of each row (0 allowed: resets the slot).
     dst: `[batch]` int32 destination slot per row; `num_slots` for padding rows.
+    moe_state: the policy's MoE balancing state (routing biases), or None (dense / zeros).
     config: model config (static).
 
   Returns:
@@ -76,7 +77,7 @@ def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, *, config: ModelCo
   b, t = tokens.shape
   mask = (jnp.arange(t)[None, :] < lengths[:, None]).astype(jnp.int32)
   tmp = kvc.init_cache(config, b, t, dtype=cache.k.dtype)
-  out = forward(params, config, tokens, attention_mask=mask, cache=tmp)
+  out = forward(params, config, tokens, attention_mask=mask, cache=tmp, moe_state=moe_state)
   return _write_prefix(cache, out.cache.k, out.cache.v, lengths, dst)
 
 
@@ -108,7 +109,7 @@ def _is_stop(tok, stop_tokens):
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "num_steps", "width"),
                    donate_argnames=("cache",))
-def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, *,
+def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_state=None, *,
            config: ModelConfig, sampling: SamplingConfig, num_steps: int, width: int):
   """Runs up to `num_steps` decode steps over slots `[0, rows)` (rows = `pending.shape[0]`),
   attending over cache slots `[0, width)`; stops early when no slot is live.
@@ -126,6 +127,7 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, *,
     index: `[rows]` int32 response index of the next sampled token.
     budget: `[rows]` int32 tokens the slot may still generate (>= 1 for live slots).
     live: `[rows]` bool slots that generate.
+    moe_state: the policy's MoE balancing state (routing biases), or None (dense / zeros).
     config, sampling: static configs; `sampling.max_new_tokens` is ignored (budget is per slot).
     num_steps: static chunk length.
     width: static attention window (cache slots), >= write_pos + min(budget, num_steps) of
@@ -149,7 +151,8 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, *,
 
   def body(c):
     step, sub, tok, idx, budget, live, stopped, out_tok, out_lp, count = c
-    out = forward(params, config, tok[:, None], attention_mask=live[:, None], cache=sub)
+    out = forward(params, config, tok[:, None], attention_mask=live[:, None], cache=sub,
+                  moe_state=moe_state)
     logits = logits_from_hidden(params, config, out.hidden[:, 0])
     new, lp = sample_tokens(logits, keys, idx, sampling)
     out_tok = out_tok.at[:, step].set(jnp.where(live, new, 0))

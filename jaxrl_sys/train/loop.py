@@ -72,7 +72,7 @@ def check_lengths(model_config: ModelConfig, loop: LoopConfig) -> None:
 
 
 def default_client(model_config: ModelConfig, params, loop: LoopConfig, eos_id: int, version: int,
-                   samples_per_group: int, engine_config=None) -> RolloutClient:
+                   samples_per_group: int, engine_config=None, moe_state=None) -> RolloutClient:
   """The embedded default: `InProcessRollout` sized for the loop's in-flight requests."""
   # pylint: disable-next=import-outside-toplevel
   from jaxrl_sys.rollout import EngineConfig, InProcessRollout
@@ -82,7 +82,8 @@ def default_client(model_config: ModelConfig, params, loop: LoopConfig, eos_id: 
         num_slots=min(groups * samples_per_group, 512), max_len=loop.seq_len,
         stream_every=min(8, loop.max_new_tokens),
         sampling=SamplingConfig(temperature=loop.temperature, stop_tokens=(eos_id,)))
-  return InProcessRollout.create(model_config, params, engine_config, version=version)
+  return InProcessRollout.create(model_config, params, engine_config, version=version,
+                                 moe_state=moe_state)
 
 
 def _extra_groups(loop: LoopConfig) -> int:
@@ -276,11 +277,11 @@ class RLLoop:
     client = self._client
     if client is None:
       client = default_client(self.mc, _copy(state.params), self.lc, self.tok.eos_id, step,
-                              self.samples, self._engine_config)
+                              self.samples, self._engine_config, _copy(state.moe_state))
       if self._warmup_engine:
         client.engine.warmup()
     else:
-      client.publish_weights(_copy(state.params), step)
+      client.publish_weights(_copy(state.params), step, _copy(state.moe_state))
     history, preempted = [], False
     try:
       while step < self.lc.steps:
@@ -291,7 +292,7 @@ class RLLoop:
           while client.num_pending():  # finish the next batch on the weights that started it
             t_roll += self._poll(client, buffer)
         step += 1
-        client.publish_weights(_copy(state.params), step)
+        client.publish_weights(_copy(state.params), step, _copy(state.moe_state))
         self._boundary(client, buffer)
         row = self._metrics(metrics, scored, taken, t_roll, t_train, time.monotonic() - t_step,
                             step - 1)
