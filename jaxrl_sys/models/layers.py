@@ -59,8 +59,9 @@ def segment_causal_mask(segment_ids, causal: bool = True):
 def single_query_attention(q, k, v, kv_mask, scale: float, *, return_lse: bool = False):
   """Attention of one new token per row over a KV cache (the XLA decode path).
 
-  Written as broadcast-multiply + reductions rather than a batched matmul of 1-row matrices,
-  which XLA:CPU runs about 2x faster at decode shapes.
+  The scores are laid out `[batch, len, kv_heads, group]` (softmax over a non-minor axis), which
+  XLA:CPU runs about 1.5x faster than `[..., len]`-minor scores at batch 64 in the KV-cache
+  layout `[batch, len, kv_heads, head_dim]`.
 
   Args:
     q: `[batch, num_q_heads, head_dim]`; k, v: `[batch, max_len, num_kv_heads, head_dim]`;
@@ -75,13 +76,13 @@ def single_query_attention(q, k, v, kv_mask, scale: float, *, return_lse: bool =
   b, hq, d = q.shape
   hkv = k.shape[2]
   qg = q.reshape(b, hkv, hq // hkv, d).astype(jnp.float32)
-  s = jnp.sum(qg[:, None] * k[:, :, :, None, :].astype(jnp.float32), axis=-1) * scale
+  s = jnp.einsum("bhgd,bshd->bshg", qg, k.astype(jnp.float32)) * scale
   valid = kv_mask[:, :, None, None]
   s = jnp.where(valid, s, NEG_INF)                               # [b, len, hkv, g]
   m = jnp.max(s, axis=1)
   e = jnp.where(valid, jnp.exp(s - m[:, None]), 0.0)
   l = jnp.sum(e, axis=1)
-  o = jnp.sum(e[..., None] * v[:, :, :, None, :].astype(jnp.float32), axis=1)
+  o = jnp.einsum("bshg,bshd->bhgd", e, v.astype(jnp.float32))
   o = (o / jnp.where(l > 0, l, 1.0)[..., None]).reshape(b, hq, d).astype(q.dtype)
   if not return_lse:
     return o
