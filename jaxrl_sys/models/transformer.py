@@ -162,6 +162,8 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
     segment_ids: `[batch, seq]` int32 for packed sequences (0 = padding; no cache). Default:
       the attention mask.
     cache: a `KVCache` to append to (prefill or decode); None for a full (training) forward.
+      For one-token decode the cache may hold more rows than `tokens`: rows `[0, batch)` are
+      used and the others left untouched (the rollout engine decodes a bucket of its slots).
     moe_state: per-layer balancing state for MoE layers (stacked on `[layers]`), or None.
     kv_window: static; when decoding one token per row, attend only to cache slots
       `[0, kv_window)` (the caller guarantees every valid slot lies there). Saves reading the
@@ -176,7 +178,7 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
   if positions is None:
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
     if cache is not None:
-      positions = positions + cache.next_position[:, None]
+      positions = positions + cache.next_position[:b, None]
   seg = mask if segment_ids is None else segment_ids
   x = params["embed"][tokens].astype(c.cdtype)
   cos, sin = rope_cos_sin(positions, c.rope, c.head_dim, c.cdtype)
@@ -200,27 +202,40 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
     x, aux = jax.lax.scan(layer, x, (params["layers"], moe_state))
     return ForwardOutput(rms_norm(x, params["final_norm"], c.rms_norm_eps), None, aux)
 
-  kv_after, write_after, next_after = kvc.advance(cache, mask)
+  if cache.batch != b and t != 1:
+    raise ValueError(f"cache holds {cache.batch} rows but tokens have {b}: only one-token "
+                     "decode may use the first rows of a larger cache")
+  view = cache if cache.batch == b else kvc.KVCache(
+      cache.k, cache.v, cache.kv_valid[:b], cache.write_pos[:b], cache.next_position[:b])
+  kv_after, write_after, next_after = kvc.advance(view, mask)
   rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
-  slots = cache.write_pos[:, None] + jnp.arange(t)[None, :]
+  slots = view.write_pos[:, None] + jnp.arange(t)[None, :]
 
   if t == 1:
     # Decode: every layer reads its cache slice (scan xs, never rewritten) and folds in the new
     # token's own k/v; the new k/v of all layers are scattered into the stacked cache once after
-    # the scan (in place when the cache is a loop carry or a donated argument).
+    # the scan (in place when the cache is a loop carry or a donated argument). Rows whose
+    # token is padding write nothing.
+    w = cache.max_len if kv_window is None else min(kv_window, cache.max_len)
+    live = mask[:, 0] > 0
+
     def decode_layer(x, xs):
       p, lstate, kc, vc = xs
       q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
-      w = cache.max_len if kv_window is None else min(kv_window, cache.max_len)
-      out = _decode_attention(q, k, v, kc[:, :w], vc[:, :w], cache.kv_valid[:, :w],
-                              mask[:, 0] > 0, scale, c.attention_impl)
+      out = _decode_attention(q, k, v, kc[:b, :w], vc[:b, :w], view.kv_valid[:, :w], live,
+                              scale, c.attention_impl)
       x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype), lstate)
       return x, (k[:, 0], v[:, 0], aux)
 
     x, (k_new, v_new, aux) = jax.lax.scan(decode_layer, x,
                                           (params["layers"], moe_state, cache.k, cache.v))
-    k_all = cache.k.at[:, rows[:, 0], slots[:, 0]].set(k_new.astype(cache.k.dtype), mode="drop")
-    v_all = cache.v.at[:, rows[:, 0], slots[:, 0]].set(v_new.astype(cache.v.dtype), mode="drop")
+    dst = jnp.where(live, slots[:, 0], cache.max_len)      # out of range: dropped
+    k_all = cache.k.at[:, rows[:, 0], dst].set(k_new.astype(cache.k.dtype), mode="drop")
+    v_all = cache.v.at[:, rows[:, 0], dst].set(v_new.astype(cache.v.dtype), mode="drop")
+    if cache.batch != b:
+      kv_after = cache.kv_valid.at[:b].set(kv_after)
+      write_after = cache.write_pos.at[:b].set(write_after)
+      next_after = cache.next_position.at[:b].set(next_after)
   else:
     # Prefill / chunk: each layer's cache slice goes through the scan and the chunk is written
     # at per-row slots `write_pos + arange(t)` before attending.

@@ -363,9 +363,6 @@ class Engine:
     width = pick(int(need.max()), c.decode_len_buckets)
     out = self._decode(rows, width, self._live[:rows].copy())
     toks, lps, count, stopped, steps = jax.device_get(out)
-    for s in range(rows):  # a non-live row may have been written at width - 1 (see decode)
-      if not self._live[s] and self._prefix[s] is not None and len(self._prefix[s]) // 4 >= width:
-        self._prefix[s] = None
     self.stats.decode_calls += 1
     self.stats.decode_steps += int(steps)
     self.stats.decode_row_steps += int(steps) * rows

@@ -116,8 +116,8 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
 
   Rows and width are buckets chosen by the host so that every live row's sequence fits the
   window after the chunk. Slots at or beyond `rows`, and cache slots at or beyond `width`, are
-  left untouched. A non-live row in the window gets a masked (invalid) write at
-  `min(write_pos, width - 1)` per step, so the host must not rely on its rows from there on.
+  left untouched, and so are the rows that are not live (the decode runs in place on the
+  donated cache: no copy of the window in or out).
 
   Args:
     params: model parameters.
@@ -139,8 +139,6 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
     stopped `[rows]` bool ended by a stop token, steps () int32 decode steps run).
   """
   r = pending.shape[0]
-  sub = kvc.KVCache(cache.k[:, :r, :width], cache.v[:, :r, :width], cache.kv_valid[:r, :width],
-                    cache.write_pos[:r], cache.next_position[:r])
   out_tok = jnp.zeros((r, num_steps), jnp.int32)
   out_lp = jnp.zeros((r, num_steps), jnp.float32)
   count = jnp.zeros((r,), jnp.int32)
@@ -150,9 +148,9 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
     return (c[0] < num_steps) & jnp.any(c[5])
 
   def body(c):
-    step, sub, tok, idx, budget, live, stopped, out_tok, out_lp, count = c
-    out = forward(params, config, tok[:, None], attention_mask=live[:, None], cache=sub,
-                  moe_state=moe_state)
+    step, cache, tok, idx, budget, live, stopped, out_tok, out_lp, count = c
+    out = forward(params, config, tok[:, None], attention_mask=live[:, None], cache=cache,
+                  moe_state=moe_state, kv_window=width)
     logits = logits_from_hidden(params, config, out.hidden[:, 0])
     new, lp = sample_tokens(logits, keys, idx, sampling)
     out_tok = out_tok.at[:, step].set(jnp.where(live, new, 0))
@@ -165,12 +163,8 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
     live = live & ~stop & (budget > 0)
     return step + 1, out.cache, tok, idx, budget, live, stopped, out_tok, out_lp, count
 
-  init = (jnp.int32(0), sub, pending, index, budget, live, stopped, out_tok, out_lp, count)
-  step, sub, _, _, _, _, stopped, out_tok, out_lp, count = jax.lax.while_loop(cond, body, init)
-  cache = kvc.KVCache(
-      cache.k.at[:, :r, :width].set(sub.k), cache.v.at[:, :r, :width].set(sub.v),
-      cache.kv_valid.at[:r, :width].set(sub.kv_valid), cache.write_pos.at[:r].set(sub.write_pos),
-      cache.next_position.at[:r].set(sub.next_position))
+  init = (jnp.int32(0), cache, pending, index, budget, live, stopped, out_tok, out_lp, count)
+  step, cache, _, _, _, _, stopped, out_tok, out_lp, count = jax.lax.while_loop(cond, body, init)
   return cache, out_tok, out_lp, count, stopped, step
 
 

@@ -66,3 +66,34 @@ def test_select_and_update_rows_copy_a_prefix():
                         kvc.select_rows(one, jnp.array([0, 0])))
   assert np.array_equal(np.asarray(big.write_pos), [0, 6, 0, 6])
   np.testing.assert_array_equal(np.asarray(big.k[:, 3]), np.asarray(one.k[:, 0]))
+
+
+def test_decode_on_the_first_rows_of_a_larger_cache_with_a_window():
+  """Decoding rows [0, 2) of a 4-row cache inside a 10-slot window: rows 0-1 get the logits of
+  a full forward; a padded row writes nothing; rows 2-3 and slots past the window stay as they
+  were."""
+  params = models.init_params(CFG, jax.random.PRNGKey(3))
+  toks = np.asarray(jax.random.randint(jax.random.PRNGKey(4), (4, 6), 1, 64), np.int32)
+  cache = models.forward(params, CFG, jnp.asarray(toks), cache=models.init_cache(CFG, 4, 16)).cache
+  before = jax.tree_util.tree_map(np.asarray, cache)
+  new = np.array([[9], [11]], np.int32)
+  out = models.forward(params, CFG, jnp.asarray(new), attention_mask=jnp.array([[1], [0]]),
+                       cache=cache, kv_window=10)
+  ref = _full_logits(params, jnp.asarray(np.concatenate([toks[:1], new[:1]], 1)),
+                     jnp.ones((1, 7), jnp.int32))[0, -1]
+  got = models.logits_from_hidden(params, CFG, out.hidden[0, 0])
+  np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5)
+  after = jax.tree_util.tree_map(np.asarray, out.cache)
+  assert after.write_pos.tolist() == [7, 6, 6, 6]
+  assert after.kv_valid[0, :7].all() and not after.kv_valid[1, 6]
+  changed = np.any(after.k != before.k, axis=(0, 3, 4))          # [rows, slots]
+  expected = np.zeros_like(changed)
+  expected[0, 6] = True
+  assert np.array_equal(changed, expected)
+  np.testing.assert_array_equal(after.v[:, 1:], before.v[:, 1:])
+
+
+def test_multi_token_chunk_needs_a_cache_of_the_same_rows():
+  params = models.init_params(CFG, jax.random.PRNGKey(5))
+  with pytest.raises(ValueError, match="cache holds 4 rows but tokens have 2"):
+    models.forward(params, CFG, jnp.ones((2, 3), jnp.int32), cache=models.init_cache(CFG, 4, 8))
