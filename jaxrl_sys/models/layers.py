@@ -90,28 +90,6 @@ def single_query_attention(q, k, v, kv_mask, scale: float, *, return_lse: bool =
   return o, lse.reshape(b, hq)
 
 
-def merge_attention(out_a, lse_a, out_b, lse_b):
-  """Combines softmax attention taken over two disjoint key sets (split-K attention).
-
-  Args:
-    out_a, out_b: `[..., head_dim]` attention outputs over key sets A and B.
-    lse_a, lse_b: `[...]` float32 log-sum-exp of the scaled scores of each set (`NEG_INF` for a
-      set with no visible key; its output is then ignored).
-
-  Returns:
-    (out `[..., head_dim]` float32, lse `[...]` float32): attention over A and B together; zeros
-    and `NEG_INF` when neither set had a key.
-  """
-  m = jnp.maximum(lse_a, lse_b)
-  w_a = jnp.where(lse_a > NEG_INF / 2, jnp.exp(lse_a - m), 0.0)
-  w_b = jnp.where(lse_b > NEG_INF / 2, jnp.exp(lse_b - m), 0.0)
-  denom = w_a + w_b
-  safe = jnp.where(denom > 0, denom, 1.0)
-  out = (out_a.astype(jnp.float32) * w_a[..., None] + out_b.astype(jnp.float32) * w_b[..., None])
-  lse = jnp.where(denom > 0, m + jnp.log(safe), NEG_INF)
-  return out / safe[..., None], lse
-
-
 def merge_new_token(out, lse, q, k_new, v_new, new_valid, scale: float):
   """Adds the current token's own key/value to attention already taken over the cache.
 
@@ -128,9 +106,15 @@ def merge_new_token(out, lse, q, k_new, v_new, new_valid, scale: float):
   Returns:
     `[batch, num_q_heads, head_dim]` in q's dtype: softmax attention over cache + new token.
   """
-  g = q.shape[1] // k_new.shape[1]
+  b, hq, d = q.shape
+  g = hq // k_new.shape[1]
   kn = jnp.repeat(k_new.astype(jnp.float32), g, axis=1)
   vn = jnp.repeat(v_new.astype(jnp.float32), g, axis=1)
   s = jnp.sum(q.astype(jnp.float32) * kn, axis=-1) * scale         # [b, hq]
-  s = jnp.where(new_valid[:, None], s, NEG_INF)                   # one key: lse = its score
-  return merge_attention(out, lse, vn, s)[0].astype(q.dtype)
+  s = jnp.where(new_valid[:, None], s, NEG_INF)
+  m = jnp.maximum(lse, s)
+  w_old = jnp.where(lse > NEG_INF / 2, jnp.exp(lse - m), 0.0)
+  w_new = jnp.where(new_valid[:, None], jnp.exp(s - m), 0.0)
+  denom = w_old + w_new
+  o = out.astype(jnp.float32) * w_old[..., None] + vn * w_new[..., None]
+  return (o / jnp.where(denom > 0, denom, 1.0)[..., None]).astype(q.dtype)

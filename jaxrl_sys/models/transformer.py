@@ -20,9 +20,8 @@ import jax.numpy as jnp
 
 from jaxrl_sys.models import kv_cache as kvc
 from jaxrl_sys.models.config import ModelConfig
-from jaxrl_sys.models.layers import (masked_attention, merge_attention, merge_new_token,
-                                     rms_norm, segment_causal_mask, single_query_attention,
-                                     swiglu_mlp)
+from jaxrl_sys.models.layers import (masked_attention, merge_new_token, rms_norm,
+                                     segment_causal_mask, single_query_attention, swiglu_mlp)
 from jaxrl_sys.models.rope import apply_rope, rope_cos_sin
 
 Params = dict[str, Any]
@@ -136,46 +135,21 @@ def _self_attention(q, k, v, seg, scale, impl):
   return masked_attention(q, k, v, segment_causal_mask(seg, causal=True), scale)
 
 
-def _cache_attention(q, kc, vc, kv_valid, lengths, scale, impl):
-  """`q [n, Hq, Dh]` over cache slots `kc/vc [n, S, Hkv, Dh]` valid where `kv_valid [n, S]`
-  (all below `lengths [n]`) -> (out `[n, Hq, Dh]`, lse `[n, Hq]` float32)."""
+def _decode_attention(q, k, v, kc, vc, kv_valid, new_valid, scale, impl):
+  """One new token per row (`q [b, 1, Hq, Dh]`, `k/v [b, 1, Hkv, Dh]`) attends to the cache
+  `kc/vc [b, S, Hkv, Dh]` where `kv_valid [b, S]` (read-only) and to itself where `new_valid`."""
   if _use_pallas(impl):
     from jaxrl_sys import kernels  # pylint: disable=import-outside-toplevel
-    return kernels.decode_attention(q, kc, vc, kv_valid, scale=scale, impl="pallas",
-                                    lengths=jnp.clip(lengths, 0, kc.shape[1]), return_lse=True)
-  return single_query_attention(q, kc, vc, kv_valid, scale, return_lse=True)
-
-
-def _decode_attention(q, k, v, kc, vc, cache, new_valid, scale, impl, window, long_rows,
-                      long_window):
-  """One new token per row (`q [b, 1, Hq, Dh]`, `k/v [b, 1, Hkv, Dh]`) attends to its row of the
-  layer cache `kc/vc [>=b, S, Hkv, Dh]` (read-only) and to itself where `new_valid [b]`.
-
-  Every row reads slots `[0, window)`; the rows listed in `long_rows [n]` (entries >= b are
-  padding) also read `[window, long_window)`, merged by log-sum-exp, so a few long sequences do
-  not make every row read a long window."""
-  b = q.shape[0]
-  valid, written = cache.kv_valid, cache.write_pos
-  out, lse = _cache_attention(q[:, 0], kc[:b, :window], vc[:b, :window], valid[:, :window],
-                              written, scale, impl)
-  if long_rows is not None:
-    ok = long_rows < b
-    rows = jnp.where(ok, long_rows, 0)
-    tail = slice(window, long_window)
-    out_t, lse_t = _cache_attention(q[rows, 0], kc[rows, tail], vc[rows, tail],
-                                    valid[rows, tail] & ok[:, None], written[rows] - window,
-                                    scale, impl)
-    out_m, lse_m = merge_attention(out[rows], lse[rows], out_t, lse_t)
-    dst = jnp.where(ok, long_rows, b)                       # padding entries are dropped
-    out = out.at[dst].set(out_m.astype(out.dtype), mode="drop")
-    lse = lse.at[dst].set(lse_m, mode="drop")
+    out, lse = kernels.decode_attention(q[:, 0], kc, vc, kv_valid, scale=scale, impl="pallas",
+                                        return_lse=True)
+  else:
+    out, lse = single_query_attention(q[:, 0], kc, vc, kv_valid, scale, return_lse=True)
   return merge_new_token(out, lse, q[:, 0], k[:, 0], v[:, 0], new_valid, scale)[:, None]
 
 
 def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None, positions=None,
             segment_ids=None, cache: kvc.KVCache | None = None, moe_state: Any = None,
-            kv_window: int | None = None, long_rows=None, long_window: int | None = None
-            ) -> ForwardOutput:
+            kv_window: int | None = None) -> ForwardOutput:
   """Runs the decoder stack.
 
   Args:
@@ -194,9 +168,6 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
     kv_window: static; when decoding one token per row, attend only to cache slots
       `[0, kv_window)` (the caller guarantees every valid slot lies there). Saves reading the
       unused tail of a long cache; None reads all `cache.max_len` slots.
-    long_rows: with `long_window` (static), one-token decode only: `[n]` int32 rows (values >=
-      batch are padding; no repeats) that read slots `[0, long_window)` while the others read
-      `[0, kv_window)`. The rollout engine lists its few long sequences here.
 
   Returns:
     ForwardOutput(hidden `[batch, seq, hidden]`, new cache or None, aux dict).
@@ -246,17 +217,13 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
     # the scan (in place when the cache is a loop carry or a donated argument). Rows whose
     # token is padding write nothing.
     w = cache.max_len if kv_window is None else min(kv_window, cache.max_len)
-    if long_rows is not None:
-      if long_window is None or not w < long_window <= cache.max_len:
-        raise ValueError(f"long_rows needs kv_window < long_window <= max_len "
-                         f"({cache.max_len}), got {w} and {long_window}")
     live = mask[:, 0] > 0
 
     def decode_layer(x, xs):
       p, lstate, kc, vc = xs
       q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
-      out = _decode_attention(q, k, v, kc, vc, view, live, scale, c.attention_impl, w,
-                              long_rows, long_window)
+      out = _decode_attention(q, k, v, kc[:b, :w], vc[:b, :w], view.kv_valid[:, :w], live,
+                              scale, c.attention_impl)
       x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype), lstate)
       return x, (k[:, 0], v[:, 0], aux)
 

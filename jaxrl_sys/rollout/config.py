@@ -39,10 +39,6 @@ class EngineConfig:
       covering the longest live sequence after the chunk; default powers of two from 64, with
       max_len the last. Together these make a step's cost follow the live work (the long tail
       runs on a small, short batch) with a bounded set of compiled shapes.
-    decode_long_rows: up to this many live sequences that need the next width bucket up may
-      read it alone while the other rows read one bucket less (their attention outputs are
-      merged by log-sum-exp), so a few long responses do not make the whole batch read a long
-      window; used when the decode rows exceed it. 0 disables (one width for all rows).
     stream_every: decode steps per `step()` (tokens per streamed chunk, at most).
     sampling: temperature / top_k / top_p / stop_tokens (its max_new_tokens is unused: the
       budget comes per request).
@@ -57,7 +53,6 @@ class EngineConfig:
   prefill_batch_buckets: tuple[int, ...] = (1, 2, 4, 8)
   decode_row_buckets: tuple[int, ...] = ()
   decode_len_buckets: tuple[int, ...] = ()
-  decode_long_rows: int = 8
   stream_every: int = 8
   sampling: SamplingConfig = SamplingConfig()
   share_prefixes: bool = True
@@ -65,8 +60,6 @@ class EngineConfig:
   cache_dtype: str | None = None
 
   def __post_init__(self):
-    if self.decode_long_rows < 0:
-      raise ValueError(f"EngineConfig.decode_long_rows must be >= 0, got {self.decode_long_rows}")
     if self.num_slots <= 0 or self.max_len <= 1 or self.stream_every <= 0:
       raise ValueError("EngineConfig: num_slots and stream_every must be > 0 and max_len > 1; "
                        f"got {self.num_slots}, {self.stream_every}, {self.max_len}")
@@ -100,8 +93,7 @@ class EngineStats:
   `prefix_hits` counts admissions that took their prefix from another slot (a shared prompt
   copied from a live sibling or this round's prefill, or still held by a freed slot) instead of
   a prefill; `moved_rows` counts live requests moved to lower slots to shrink the decode batch;
-  `tiered_decode_calls` counts decode calls where a few long rows read a longer window than the
-  rest; `decode_row_steps` sums rows x steps actually decoded (the padded work); `compilations`
+  `decode_row_steps` sums rows x steps actually decoded (the padded work); `compilations`
   counts jit compilations triggered by this engine's calls.
   """
   prefill_calls: int = 0
@@ -112,7 +104,6 @@ class EngineStats:
   copy_calls: int = 0
   moved_rows: int = 0
   decode_calls: int = 0
-  tiered_decode_calls: int = 0
   decode_steps: int = 0
   decode_row_steps: int = 0
   generated_tokens: int = 0

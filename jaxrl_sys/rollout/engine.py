@@ -230,12 +230,12 @@ class Engine:
     self.stats.compilations += size() - before
     return out
 
-  def _decode(self, rows: int, width: int, live, long_rows=None, long_width=None):
+  def _decode(self, rows: int, width: int, live):
     c = self.config
     out = self._call(slots.decode, self.params, self.cache, self._pending[:rows],
                      self._keys[:rows], self._index[:rows], self._budget[:rows], live,
-                     self.moe_state, long_rows, config=self.model_config, sampling=c.sampling,
-                     num_steps=c.stream_every, width=width, long_width=long_width)
+                     self.moe_state, config=self.model_config, sampling=c.sampling, num_steps=c.stream_every,
+                     width=width)
     self.cache = out[0]
     return out[1:]
 
@@ -264,13 +264,9 @@ class Engine:
     for t in c.copy_buckets:
       self.cache = self._call(slots.copy_prefix, self.cache, np.zeros((n,), np.int32),
                               np.full((n,), n, np.int32), np.zeros((n,), np.int32), t=t)
-    widths, n_long = c.decode_len_buckets, c.decode_long_rows
     for rows in c.decode_row_buckets:
-      for i, width in enumerate(widths):
+      for width in c.decode_len_buckets:
         self._decode(rows, width, np.zeros((rows,), bool))
-        if 0 < n_long < rows and i > 0:
-          self._decode(rows, widths[i - 1], np.zeros((rows,), bool),
-                       np.full((n_long,), rows, np.int32), width)
     jax.block_until_ready(self.cache)
 
   def _free_order(self) -> list[int]:
@@ -364,12 +360,10 @@ class Engine:
     c, live = self.config, np.flatnonzero(self._live)
     rows = pick(int(live[-1]) + 1, c.decode_row_buckets)
     need = self._written[live] + np.minimum(self._budget[live], c.stream_every)
-    width, long_rows, long_width = plan_windows(live, need, rows, c.decode_len_buckets,
-                                                c.decode_long_rows)
-    out = self._decode(rows, width, self._live[:rows].copy(), long_rows, long_width)
+    width = pick(int(need.max()), c.decode_len_buckets)
+    out = self._decode(rows, width, self._live[:rows].copy())
     toks, lps, count, stopped, steps = jax.device_get(out)
     self.stats.decode_calls += 1
-    self.stats.tiered_decode_calls += long_rows is not None
     self.stats.decode_steps += int(steps)
     self.stats.decode_row_steps += int(steps) * rows
     chunks = []
@@ -407,31 +401,3 @@ class Engine:
 def _shapes(tree) -> Any:
   leaves, treedef = jax.tree_util.tree_flatten(tree)
   return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
-
-
-def plan_windows(live: np.ndarray, need: np.ndarray, rows: int, widths: Sequence[int],
-                 n_long: int) -> tuple[int, np.ndarray | None, int | None]:
-  """Chooses the attention windows of one decode call.
-
-  Args:
-    live: `[m]` live slots (all < rows); need: `[m]` cache slots each must be able to read by
-      the end of the call.
-    rows: the decode row bucket; widths: the width buckets; n_long: `decode_long_rows`.
-
-  Returns:
-    (width, long_rows, long_width): every row reads `[0, width)`, except `long_rows` (`[n_long]`
-    int32 slots padded with `rows`, or None) which read `[0, long_width)`. Two tiers are used
-    when the rows needing the top bucket fit in `n_long` and reading `rows x width +
-    n_long x (long_width - width)` slots beats `rows x long_width`.
-  """
-  full = pick(int(need.max()), widths)
-  i = list(widths).index(full)
-  if not 0 < n_long < rows or i == 0:
-    return full, None, None
-  short = widths[i - 1]
-  longs = live[need > short]
-  if len(longs) > n_long or rows * short + n_long * (full - short) >= rows * full:
-    return full, None, None
-  padded = np.full((n_long,), rows, np.int32)
-  padded[:len(longs)] = longs
-  return short, padded, full

@@ -107,12 +107,10 @@ def _is_stop(tok, stop_tokens):
   return jnp.isin(tok, jnp.asarray(stop_tokens, jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "sampling", "num_steps", "width",
-                                             "long_width"),
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "num_steps", "width"),
                    donate_argnames=("cache",))
-def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_state=None,
-           long_rows=None, *, config: ModelConfig, sampling: SamplingConfig, num_steps: int,
-           width: int, long_width: int | None = None):
+def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_state=None, *,
+           config: ModelConfig, sampling: SamplingConfig, num_steps: int, width: int):
   """Runs up to `num_steps` decode steps over slots `[0, rows)` (rows = `pending.shape[0]`),
   attending over cache slots `[0, width)`; stops early when no slot is live.
 
@@ -130,13 +128,10 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
     budget: `[rows]` int32 tokens the slot may still generate (>= 1 for live slots).
     live: `[rows]` bool slots that generate.
     moe_state: the policy's MoE balancing state (routing biases), or None (dense / zeros).
-    long_rows: optional `[n]` int32 slots (`rows` = padding) whose window is `long_width`
-      instead of `width` (see `models.forward`).
     config, sampling: static configs; `sampling.max_new_tokens` is ignored (budget is per slot).
     num_steps: static chunk length.
     width: static attention window (cache slots), >= write_pos + min(budget, num_steps) of
-      every live row not in `long_rows`.
-    long_width: static window of the `long_rows` (> width).
+      every live row.
 
   Returns:
     (cache, tokens `[rows, num_steps]` int32, logprobs `[rows, num_steps]` float32,
@@ -155,8 +150,7 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
   def body(c):
     step, cache, tok, idx, budget, live, stopped, out_tok, out_lp, count = c
     out = forward(params, config, tok[:, None], attention_mask=live[:, None], cache=cache,
-                  moe_state=moe_state, kv_window=width, long_rows=long_rows,
-                  long_window=long_width)
+                  moe_state=moe_state, kv_window=width)
     logits = logits_from_hidden(params, config, out.hidden[:, 0])
     new, lp = sample_tokens(logits, keys, idx, sampling)
     out_tok = out_tok.at[:, step].set(jnp.where(live, new, 0))

@@ -1,6 +1,4 @@
 """Incremental decoding with the KV cache equals a full forward on the growing sequence."""
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -99,34 +97,3 @@ def test_multi_token_chunk_needs_a_cache_of_the_same_rows():
   params = models.init_params(CFG, jax.random.PRNGKey(5))
   with pytest.raises(ValueError, match="cache holds 4 rows but tokens have 2"):
     models.forward(params, CFG, jnp.ones((2, 3), jnp.int32), cache=models.init_cache(CFG, 4, 8))
-
-
-@pytest.mark.parametrize("impl", ["xla", "pallas"])
-def test_long_rows_read_a_longer_window_than_the_rest(impl):
-  """Rows 1 and 3 hold 12 and 14 tokens, rows 0 and 2 hold 3 and 5: with kv_window 8 and
-  long_rows [3, 1, pad] reading 16 slots, every row still gets a full forward's logits (the
-  Pallas decode kernel runs in interpret mode on CPU)."""
-  cfg = dataclasses.replace(CFG, attention_impl=impl)
-  params = models.init_params(CFG, jax.random.PRNGKey(6))
-  lengths = np.array([3, 12, 5, 14])
-  rng = np.random.default_rng(6)
-  toks = rng.integers(1, 64, (4, 14)).astype(np.int32)
-  mask = (np.arange(14)[None] < lengths[:, None]).astype(np.int32)          # right padding
-  cache = models.forward(params, CFG, jnp.asarray(toks), attention_mask=jnp.asarray(mask),
-                         cache=models.init_cache(CFG, 4, 20)).cache
-  new = rng.integers(1, 64, (4, 1)).astype(np.int32)
-  step = jax.jit(lambda p, t, c, r: models.forward(p, cfg, t, cache=c, kv_window=8, long_rows=r,
-                                                   long_window=16))
-  out = step(params, jnp.asarray(new), cache, jnp.array([3, 1, 4], jnp.int32))
-  got = np.asarray(models.logits_from_hidden(params, CFG, out.hidden[:, 0]))
-  for i, n in enumerate(lengths):
-    real = np.concatenate([toks[i, :n], new[i]])[None]
-    ref = _full_logits(params, jnp.asarray(real), jnp.ones_like(real))[0, -1]
-    np.testing.assert_allclose(got[i], np.asarray(ref), atol=1e-5)
-  # Without the tail, row 3 would miss slots 8..13: its logits must differ.
-  short = models.forward(params, CFG, jnp.asarray(new), cache=cache, kv_window=8)
-  assert not np.allclose(np.asarray(models.logits_from_hidden(params, CFG, short.hidden[3, 0])),
-                         got[3], atol=1e-3)
-  with pytest.raises(ValueError, match="long_window"):
-    models.forward(params, CFG, jnp.asarray(new), cache=cache, kv_window=8,
-                   long_rows=jnp.array([1]), long_window=8)

@@ -149,34 +149,3 @@ def test_tail_runs_on_a_smaller_packed_decode_batch():
   assert_matches(done, reference(reqs, SAMPLED))
   st = eng.stats
   assert st.moved_rows == 1 and st.decode_row_steps < 3 * st.decode_steps
-
-
-def test_two_tier_windows_match_the_plain_sampler():
-  """Six slots, one long request among short ones: with decode_long_rows=2 the long rows read
-  the wider window alone (tiered calls happen) and every response still equals the sampler."""
-  rng = np.random.default_rng(7)
-  reqs = [Request(i, rng.integers(1, CFG.vocab_size, size=3 if i else 8),
-                  12 if i == 0 else int(rng.integers(1, 5)), request_key(7, i))
-          for i in range(9)]
-  ref = reference(reqs, SAMPLED)
-  cfg = engine_config(SAMPLED, num_slots=6, decode_row_buckets=(6,),
-                      decode_len_buckets=(8, 16, 32), decode_long_rows=2, stream_every=2)
-  eng = Engine(CFG, params(), cfg)
-  eng.submit(reqs)
-  assert_matches(eng.run(), ref)
-  assert eng.stats.tiered_decode_calls > 0
-
-
-def test_plan_windows_hand_computed():
-  from jaxrl_sys.rollout.engine import plan_windows  # pylint: disable=import-outside-toplevel
-  widths = (64, 128, 256)
-  live = np.arange(16)
-  need = np.full(16, 40)
-  need[[3, 9]] = [200, 130]
-  width, longs, long_width = plan_windows(live, need, 16, widths, 4)
-  # 16 x 128 + 4 x 128 = 2560 slots beats 16 x 256 = 4096
-  assert (width, long_width) == (128, 256) and longs.tolist() == [3, 9, 16, 16]
-  need[:5] = 200                                   # too many long rows: one tier
-  assert plan_windows(live, need, 16, widths, 4) == (256, None, None)
-  assert plan_windows(live[:2], np.array([40, 50]), 16, widths, 4) == (64, None, None)
-  assert plan_windows(live, np.full(16, 100), 4, widths, 4) == (128, None, None)  # rows <= n
