@@ -4,7 +4,8 @@ Slots are indexed per row: `write_pos[b]` is the next free slot of row b, `kv_va
 says whether slot s holds a real token (left-padded prompts leave invalid slots at the front,
 right-padded prompts overwrite their pad slots on the next write). `next_position[b]` is the
 RoPE position of row b's next token. Causality is by slot index: a query written at slot i sees
-valid slots <= i.
+valid slots <= i. Every valid slot of row b lies below `write_pos[b]` (the decode kernel skips
+the rest).
 """
 from __future__ import annotations
 

@@ -135,12 +135,14 @@ def _self_attention(q, k, v, seg, scale, impl):
   return masked_attention(q, k, v, segment_causal_mask(seg, causal=True), scale)
 
 
-def _decode_attention(q, k, v, kc, vc, kv_valid, new_valid, scale, impl):
+def _decode_attention(q, k, v, kc, vc, kv_valid, lengths, new_valid, scale, impl):
   """One new token per row (`q [b, 1, Hq, Dh]`, `k/v [b, 1, Hkv, Dh]`) attends to the cache
-  `kc/vc [b, S, Hkv, Dh]` where `kv_valid [b, S]` (read-only) and to itself where `new_valid`."""
-  if _use_pallas(impl):
+  `kc/vc [b, S, Hkv, Dh]` where `kv_valid [b, S]` (read-only; valid slots lie below
+  `lengths [b]`) and to itself where `new_valid`."""
+  if _use_pallas(impl):   # valid slots lie below write_pos: the kernel skips blocks past it
     from jaxrl_sys import kernels  # pylint: disable=import-outside-toplevel
     out, lse = kernels.decode_attention(q[:, 0], kc, vc, kv_valid, scale=scale, impl="pallas",
+                                        lengths=jnp.minimum(lengths, kc.shape[1]),
                                         return_lse=True)
   else:
     out, lse = single_query_attention(q[:, 0], kc, vc, kv_valid, scale, return_lse=True)
@@ -222,8 +224,8 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
     def decode_layer(x, xs):
       p, lstate, kc, vc = xs
       q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
-      out = _decode_attention(q, k, v, kc[:b, :w], vc[:b, :w], view.kv_valid[:, :w], live,
-                              scale, c.attention_impl)
+      out = _decode_attention(q, k, v, kc[:b, :w], vc[:b, :w], view.kv_valid[:, :w],
+                              view.write_pos, live, scale, c.attention_impl)
       x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype), lstate)
       return x, (k[:, 0], v[:, 0], aux)
 
