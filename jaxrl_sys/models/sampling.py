@@ -84,29 +84,10 @@ def sample_tokens(logits, keys, positions, sampling: SamplingConfig):
   else:
     scaled = logits / sampling.temperature
     logp = jax.nn.log_softmax(scaled, axis=-1)
-    if sampling.top_k > 0 or sampling.top_p < 1.0:
-      probs = jax.nn.softmax(filter_logits(scaled, sampling.top_k, sampling.top_p), axis=-1)
-    else:
-      probs = jnp.exp(logp)
+    filt = filter_logits(scaled, sampling.top_k, sampling.top_p)
     step_keys = jax.vmap(jax.random.fold_in)(keys, positions)
-    tok = inverse_cdf_sample(step_keys, probs)
+    tok = jax.vmap(lambda k, l: jax.random.categorical(k, l))(step_keys, filt).astype(jnp.int32)
   return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
-
-
-def inverse_cdf_sample(keys, probs) -> jax.Array:
-  """One draw per row from `probs [batch, vocab]` (float32, rows need not sum exactly to 1).
-
-  Inverse-CDF sampling: a single uniform `u` per row (from that row's key) picks the first
-  token whose cumulative mass exceeds `u * total`; zero-mass tokens are never picked. It needs
-  one random number per row where Gumbel-max needs one per vocabulary entry, which makes it
-  about 4x cheaper on CPU at batch 64 x vocab 2048. Returns `[batch]` int32.
-  """
-  u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
-  cdf = jnp.cumsum(probs, axis=-1)
-  tok = jnp.sum(cdf <= (u * cdf[:, -1])[:, None], axis=-1)
-  # Rounding can leave u * total at the very top; fall back to the last token with mass.
-  last = probs.shape[-1] - 1 - jnp.argmax(probs[:, ::-1] > 0, axis=-1)
-  return jnp.minimum(tok, last).astype(jnp.int32)
 
 
 def _is_stop(tok, stop_tokens):

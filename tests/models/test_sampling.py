@@ -94,30 +94,3 @@ def test_long_greedy_generation_matches_full_forward_recompute():
   np.testing.assert_array_equal(new, pred.argmax(-1))
   np.testing.assert_allclose(np.asarray(out.logprobs),
                              np.take_along_axis(pred, new[..., None], -1)[..., 0], atol=2e-5)
-
-
-def test_inverse_cdf_sampling_frequencies_and_zero_mass():
-  from jaxrl_sys.models.sampling import inverse_cdf_sample  # pylint: disable=import-outside-toplevel
-  p = np.array([0.0, 0.5, 0.0, 0.2, 0.3, 0.0, 0.0], np.float32)   # zero mass inside and at the end
-  n = 20000
-  keys = jax.random.split(jax.random.PRNGKey(7), n)
-  tok = np.asarray(jax.jit(inverse_cdf_sample)(keys, jnp.tile(jnp.asarray(p), (n, 1))))
-  freq = np.bincount(tok, minlength=7) / n
-  assert freq[[0, 2, 5, 6]].sum() == 0.0
-  assert np.abs(freq - p).max() < 0.015
-  # unnormalised rows are sampled in proportion
-  tok2 = np.asarray(inverse_cdf_sample(keys[:4000], jnp.tile(jnp.asarray([2.0, 6.0]), (4000, 1))))
-  assert abs(tok2.mean() - 0.75) < 0.03
-
-
-def test_top_k_sampling_draws_only_the_top_k_in_proportion():
-  logits = jnp.tile(jnp.array([[0.0, 2.0, 1.0, -1.0, 1.5]]), (6000, 1))
-  keys = jax.random.split(jax.random.PRNGKey(8), 6000)
-  s = models.SamplingConfig(temperature=1.0, top_k=2)
-  tok, lp = sample_tokens(logits, keys, jnp.zeros(6000, jnp.int32), s)
-  tok = np.asarray(tok)
-  assert set(np.unique(tok)) == {1, 4}
-  w = np.exp([2.0, 1.5]); w /= w.sum()
-  assert abs((tok == 1).mean() - w[0]) < 0.03
-  full = np.exp([0.0, 2.0, 1.0, -1.0, 1.5]); full = np.log(full / full.sum())
-  np.testing.assert_allclose(np.asarray(lp), full[tok], rtol=1e-5)   # full-distribution logprob
