@@ -94,3 +94,16 @@ def test_long_greedy_generation_matches_full_forward_recompute():
   np.testing.assert_array_equal(new, pred.argmax(-1))
   np.testing.assert_allclose(np.asarray(out.logprobs),
                              np.take_along_axis(pred, new[..., None], -1)[..., 0], atol=2e-5)
+
+
+def test_top_k_sampling_draws_only_the_top_k_in_proportion():
+  logits = jnp.tile(jnp.array([[0.0, 2.0, 1.0, -1.0, 1.5]]), (6000, 1))
+  keys = jax.random.split(jax.random.PRNGKey(8), 6000)
+  s = models.SamplingConfig(temperature=1.0, top_k=2)
+  tok, lp = sample_tokens(logits, keys, jnp.zeros(6000, jnp.int32), s)
+  tok = np.asarray(tok)
+  assert set(np.unique(tok)) == {1, 4}
+  w = np.exp([2.0, 1.5]); w /= w.sum()
+  assert abs((tok == 1).mean() - w[0]) < 0.03
+  full = np.exp([0.0, 2.0, 1.0, -1.0, 1.5]); full = np.log(full / full.sum())
+  np.testing.assert_allclose(np.asarray(lp), full[tok], rtol=1e-5)   # full-distribution logprob
