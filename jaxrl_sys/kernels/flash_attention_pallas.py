@@ -7,7 +7,8 @@ Layout `[batch, seq, heads, head_dim]`. Grids:
 
 Visibility: key j is visible to query i iff seg[i] == seg[j] != 0 (and j <= i when causal).
 Positions past `seq` load segment id 0, so ragged tails are masked like padding. Rows with no
-visible key get output 0; their logsumexp is a finite placeholder never read unmasked.
+visible key get output 0 and logsumexp 0; the backward kernels use the logsumexp only under
+the visibility mask, so such rows get zero probabilities and zero gradients.
 """
 from __future__ import annotations
 

@@ -115,6 +115,16 @@ def _row_stats(refs, ti, dm: _Dims):
                       for r in (logz_ref, mean_ref, glp_ref, gent_ref))
 
 
+def _zero_tiles(tile, n: int, shape):
+  """Zeroes the `n` output tiles `tile(k) -> (ref, mask)` of `shape` before accumulating."""
+  def zero(kk, c):
+    ref, mask = tile(kk)
+    store(ref, jnp.zeros(shape, f32), mask=mask)
+    return c
+
+  lax.fori_loop(0, n, zero, 0)
+
+
 def _dh_kernel(h_ref, w_ref, y_ref, logz_ref, mean_ref, glp_ref, gent_ref, dh_ref, *, dm: _Dims,
                inv_t):
   ti = pl.program_id(0)
@@ -127,12 +137,7 @@ def _dh_kernel(h_ref, w_ref, y_ref, logz_ref, mean_ref, glp_ref, gent_ref, dh_re
     ks = kk * dm.bd + jnp.arange(dm.bd)
     return dh_ref.at[pl.ds(ti * dm.bt, dm.bt), pl.ds(kk * dm.bd, dm.bd)], row_ok & (ks < dm.d)
 
-  def zero(kk, c):
-    ref, mask = tile(kk)
-    store(ref, jnp.zeros((dm.bt, dm.bd), f32), mask=mask)
-    return c
-
-  lax.fori_loop(0, nd, zero, 0)
+  _zero_tiles(tile, nd, (dm.bt, dm.bd))
 
   def vbody(vj, c):
     logits, _, cols = _logits_tile(h_ref, w_ref, ti, vj, dm, inv_t)
@@ -164,12 +169,7 @@ def _dw_kernel(h_ref, w_ref, y_ref, logz_ref, mean_ref, glp_ref, gent_ref, dw_re
     ref = dw_ref.at[pl.ds(kk * dm.bd, dm.bd), pl.ds(vj * dm.bv, dm.bv)]
     return ref, (ks < dm.d)[:, None] & col_ok
 
-  def zero(kk, c):
-    ref, mask = tile(kk)
-    store(ref, jnp.zeros((dm.bd, dm.bv), f32), mask=mask)
-    return c
-
-  lax.fori_loop(0, nd, zero, 0)
+  _zero_tiles(tile, nd, (dm.bd, dm.bv))
 
   def tbody(ti, c):
     stats = _row_stats((y_ref, logz_ref, mean_ref, glp_ref, gent_ref), ti, dm)

@@ -46,15 +46,6 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVC
       next_position=jnp.zeros((batch,), jnp.int32))
 
 
-def write_layer(k_cache, v_cache, k_new, v_new, write_pos):
-  """Writes `k_new/v_new [batch, t, kv_heads, head_dim]` at per-row slot `write_pos [batch]`."""
-  def one(kc, vc, kn, vn, pos):
-    kc = jax.lax.dynamic_update_slice(kc, kn.astype(kc.dtype), (pos, 0, 0))
-    vc = jax.lax.dynamic_update_slice(vc, vn.astype(vc.dtype), (pos, 0, 0))
-    return kc, vc
-  return jax.vmap(one)(k_cache, v_cache, k_new, v_new, write_pos)
-
-
 def advance(cache: KVCache, mask) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Bookkeeping after writing a chunk with validity `mask [batch, t]`.
 
