@@ -104,6 +104,10 @@ class Engine:
     """Copies of the running requests with their exact partial state (e.g. to checkpoint)."""
     return [dataclasses.replace(self._req[s]) for s in np.flatnonzero(self._live)]
 
+  def waiting_ids(self) -> list[int]:
+    """Ids of the requests queued for admission, in queue order."""
+    return [r.request_id for r in self._waiting]
+
   def take_completions(self) -> list[Completion]:
     """Completions finished since the last call (each is returned once)."""
     out, self._done = self._done, []

@@ -6,48 +6,16 @@ A group is the S samples of one prompt; its id is the prompt's data index (so th
 
 Between train steps the buffer holds complete groups not yet trained on, finished samples of
 incomplete groups, and the partial state of aborted requests (prompt + tokens so far, with their
-log-probs and weight versions). `to_json` / `from_json` write it as plain JSON whose arrays
-are base64 of little-endian bytes with dtype and shape (exact, no pickles).
+log-probs and weight versions). `to_json` / `from_json` write it as plain JSON (`rollout.wire`: arrays
+as base64 of little-endian bytes with dtype and shape; exact, no pickles).
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 from typing import Any, Iterable
 
-import numpy as np
-
 from jaxrl_sys.rollout.types import Completion, FinishReason, Request
-
-
-def encode_array(x: np.ndarray) -> dict:
-  x = np.ascontiguousarray(x)
-  return {"dtype": x.dtype.str, "shape": list(x.shape),
-          "data": base64.b64encode(x.tobytes()).decode("ascii")}
-
-
-def decode_array(d: dict) -> np.ndarray:
-  dtype = np.dtype(d["dtype"])
-  if dtype.hasobject:
-    raise ValueError("object arrays are not allowed in a checkpoint")
-  raw = base64.b64decode(d["data"].encode("ascii"))
-  return np.frombuffer(raw, dtype).reshape(d["shape"]).copy()
-
-
-def request_to_json(r: Request) -> dict:
-  return {"request_id": int(r.request_id), "max_new_tokens": int(r.max_new_tokens),
-          "group_id": int(r.group_id), "min_version": int(r.min_version), "meta": r.meta,
-          "prompt": encode_array(r.prompt), "key": encode_array(r.key),
-          "tokens": encode_array(r.tokens), "logprobs": encode_array(r.logprobs),
-          "versions": encode_array(r.versions)}
-
-
-def request_from_json(d: dict) -> Request:
-  return Request(request_id=d["request_id"], prompt=decode_array(d["prompt"]),
-                 max_new_tokens=d["max_new_tokens"], key=decode_array(d["key"]),
-                 group_id=d["group_id"], tokens=decode_array(d["tokens"]),
-                 logprobs=decode_array(d["logprobs"]), versions=decode_array(d["versions"]),
-                 min_version=d["min_version"], meta=dict(d["meta"]))
+from jaxrl_sys.rollout.wire import request_from_json, request_to_json
 
 
 @dataclasses.dataclass

@@ -19,12 +19,11 @@ import time
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxrl_sys.train.config import CheckpointConfig
 from jaxrl_sys.train.state import TrainState
+from jaxrl_sys.utils.fingerprint import fingerprint
 
 log = logging.getLogger(__name__)
 _FIELDS = TrainState._fields
@@ -39,36 +38,6 @@ class Restored(NamedTuple):
 
 class CorruptCheckpointError(RuntimeError):
   """A checkpoint whose contents do not match the fingerprint stored beside it."""
-
-
-def _leaf_fingerprint(x):
-  nbytes = x.dtype.itemsize
-  if x.dtype == jnp.bool_:
-    bits = x.astype(jnp.uint32)
-  elif nbytes == 4:
-    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-  elif nbytes == 2:
-    bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
-  elif nbytes == 1:
-    bits = jax.lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.uint32)
-  else:
-    raise TypeError(f"fingerprint: unsupported dtype {x.dtype}")
-  bits = bits.reshape(-1)
-  weights = jnp.arange(bits.shape[0], dtype=jnp.uint32) * jnp.uint32(2654435761) + jnp.uint32(1)
-  return jnp.sum(bits * weights, dtype=jnp.uint32)
-
-
-@jax.jit
-def _fingerprints(leaves):
-  if not leaves:
-    return jnp.zeros((0,), jnp.uint32)
-  return jnp.stack([_leaf_fingerprint(x) for x in leaves])
-
-
-def fingerprint(tree: Any) -> list[int]:
-  """A position-weighted uint32 sum of the bits of every leaf (independent of sharding)."""
-  leaves = [x for x in jax.tree.leaves(tree)]
-  return [int(v) for v in np.asarray(_fingerprints(leaves))]
 
 
 def state_to_dict(state: TrainState) -> dict:

@@ -236,7 +236,7 @@ class TrainFns:
     step: `(state, batch[micro, rows, T]) -> (state, metrics)`; donates the state.
     init_accum: `(state, micro_batch) -> Accum`.
     accumulate: `(state, acc, micro_batch[rows, T]) -> acc`; donates acc.
-    apply: `(state, acc) -> (state, metrics)`; donates the state.
+    apply: `(state, acc) -> (state, metrics)`; donates the state except its parameters.
     shardings: `TrainState` of NamedShardings.
     mesh: the mesh.
   """
@@ -284,13 +284,17 @@ def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimiz
   def _acc(state, acc, mb):
     return accumulate(state, acc, mb, **kw)
 
-  def _apply(state, acc):
-    return apply(state, acc, **kw, **opt)
+  def _apply(rest, params, acc):
+    return apply(rest._replace(params=params), acc, **kw, **opt)
+
+  # The parameters are not donated: the in-memory weight store hands them to the rollout
+  # engine without a copy (`rollout.weights.MemoryWeightStore`), so they must outlive the step.
+  apply_jit = jax.jit(_apply, out_shardings=(sh, rep), donate_argnums=d(0))
 
   d = (lambda *a: a) if donate else (lambda *a: ())
   return TrainFns(
       step=jax.jit(_step, out_shardings=(sh, rep), donate_argnums=d(0)),
       init_accum=jax.jit(_init, out_shardings=acc_sh),
       accumulate=jax.jit(_acc, out_shardings=acc_sh, donate_argnums=d(1)),
-      apply=jax.jit(_apply, out_shardings=(sh, rep), donate_argnums=d(0)),
+      apply=lambda state, acc: apply_jit(state._replace(params=None), state.params, acc),
       shardings=sh, mesh=mesh, rules=rules)

@@ -1,0 +1,119 @@
+"""Pull-based weight store: the trainer publishes version v once and goes on; each worker pulls
+the version it is told about (or the newest) itself, without blocking the trainer or the other
+workers.
+
+Two roles:
+- the trainer side, a `WeightStore`: `publish(version, params, moe_state)` returns at once
+  (slow backends write in the background); `ref(version)` gives a `WeightRef` once the version is
+  committed; `gc(in_use)` drops versions no worker uses any more;
+- the worker side, a `WeightRef`: small plain data that crosses processes inside
+  `worker.Commands.load`; `ref.fetch()` pulls `(params, moe_state)` and verifies them.
+
+Backends (see `make_weight_store`):
+- `MemoryWeightStore`: the embedded default; the trainer's device arrays themselves (zero
+  copy), so only workers in the trainer's process can use it.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable, Protocol
+
+
+class CorruptWeightsError(RuntimeError):
+  """A published version failed its integrity check (checksum or manifest); never loaded."""
+
+
+class WeightRef(Protocol):
+  """A committed weight version, as a worker receives it.
+
+  Attributes:
+    version: the weight version.
+    nbytes: total bytes of the arrays.
+  """
+  version: int
+  nbytes: int
+
+  def fetch(self) -> tuple[Any, Any]:
+    """Pulls `(params, moe_state)` (host or device arrays); raises `CorruptWeightsError`."""
+
+
+class WeightStore(Protocol):
+  """The trainer's side of the store."""
+
+  def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
+    """Makes `version` available; returns without waiting for slow writes."""
+
+  def ref(self, version: int | None = None) -> WeightRef | None:
+    """The reference of committed `version` (default: the newest), or None if not committed."""
+
+  def latest(self) -> int | None:
+    """The newest committed version (None before the first commit)."""
+
+  def gc(self, in_use: Iterable[int]) -> list[int]:
+    """Drops committed versions older than the newest that are not in `in_use`."""
+
+  def wait(self) -> None:
+    """Blocks until every publish so far is committed (re-raises a failed write)."""
+
+  def close(self) -> None:
+    """Waits, then releases resources (files stay)."""
+
+
+def _nbytes(tree) -> int:
+  import jax  # pylint: disable=import-outside-toplevel
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+class MemoryWeightRef:
+  """A version held in this process's memory: `fetch` returns the arrays themselves."""
+
+  def __init__(self, version: int, params: Any, moe_state: Any):
+    self.version, self._tree = int(version), (params, moe_state)
+    self.nbytes = _nbytes(self._tree)
+
+  def fetch(self) -> tuple[Any, Any]:
+    return self._tree
+
+  def __reduce__(self):
+    raise TypeError("the in-memory weight store only serves workers in the trainer's process; "
+                    "use --weight_store=ray or --weight_store=tensorstore:PATH for Ray workers")
+
+
+class MemoryWeightStore:
+  """Versions kept as the published pytrees (zero copy). The arrays must not be donated or
+  mutated after `publish` (the train step donates everything but the parameters)."""
+
+  def __init__(self):
+    self._refs: dict[int, MemoryWeightRef] = {}
+    self._lock = threading.Lock()
+
+  def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
+    with self._lock:
+      if self._refs and version <= max(self._refs):
+        raise ValueError(f"weight version {version} is not newer than {max(self._refs)}")
+      self._refs[int(version)] = MemoryWeightRef(version, params, moe_state)
+
+  def ref(self, version: int | None = None) -> MemoryWeightRef | None:
+    with self._lock:
+      if version is None:
+        version = max(self._refs) if self._refs else None
+      return self._refs.get(version)
+
+  def latest(self) -> int | None:
+    with self._lock:
+      return max(self._refs) if self._refs else None
+
+  def gc(self, in_use: Iterable[int]) -> list[int]:
+    keep = set(int(v) for v in in_use)
+    with self._lock:
+      newest = max(self._refs) if self._refs else None
+      drop = [v for v in self._refs if v != newest and v not in keep]
+      for v in drop:
+        del self._refs[v]
+    return sorted(drop)
+
+  def wait(self) -> None:
+    return
+
+  def close(self) -> None:
+    return
