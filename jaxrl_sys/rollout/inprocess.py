@@ -5,6 +5,7 @@ This is the embedded default (rollout shares the accelerator with training).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Iterable, Sequence
 
@@ -72,6 +73,12 @@ class InProcessRollout:
     """Requests submitted and not yet returned by `poll()` or `abort()`."""
     e = self.engine
     return e.num_running + e.num_waiting + e.num_unread_completions
+
+  def snapshot(self) -> list[Request]:
+    """Copies of the unfinished requests' token state (id order), nothing stopped."""
+    e = self.engine
+    reqs = e.running_requests() + [dataclasses.replace(r) for r in e._waiting]  # pylint: disable=protected-access
+    return sorted(reqs, key=lambda r: r.request_id)
 
   @property
   def stats(self):

@@ -120,7 +120,9 @@ class RolloutClient(Protocol):
   call (optionally waiting up to `timeout` seconds for at least `min_count`); abort() stops
   requests and returns their partial state (resumable later, e.g. APRIL partial rollouts);
   publish_weights() makes version `version` the one used for tokens generated after it (an MoE
-  policy publishes its balancing state with it: the routing biases change which experts run).
+  policy publishes its balancing state with it: the routing biases change which experts run);
+  snapshot() copies the token state of every unfinished request without stopping it (what a
+  checkpoint saves; resubmitting the copies resumes them).
   """
 
   def submit(self, requests: Sequence[Request]) -> None: ...
@@ -132,3 +134,5 @@ class RolloutClient(Protocol):
   def publish_weights(self, params: Any, version: int, moe_state: Any = None) -> None: ...
 
   def num_pending(self) -> int: ...
+
+  def snapshot(self) -> list[Request]: ...

@@ -74,8 +74,12 @@ class WorkerReport:
     profile: `[n, 3]` float64 rows `(live requests, tokens produced, seconds)`, one per decode
       call since the previous report (the throughput-vs-batch profile).
     pulls: `(version, seconds)` of weight pulls completed since the previous report.
+    failed_pulls: `(version, message)` of pulls that failed (e.g. a checksum mismatch); the
+      worker keeps serving its previous version.
     rejected: `(request_id, message)` of requests the worker refused (a bad request).
     pid: the worker's process id.
+    fatal: set when the worker broke (an exception in its generation loop); the manager treats
+      it as lost and migrates its requests.
   """
   worker_id: str
   seq: int
@@ -87,8 +91,10 @@ class WorkerReport:
   num_slots: int
   profile: np.ndarray
   pulls: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+  failed_pulls: list[tuple[int, str]] = dataclasses.field(default_factory=list)
   rejected: list[tuple[int, str]] = dataclasses.field(default_factory=list)
   pid: int = 0
+  fatal: str | None = None
 
 
 class Worker(Protocol):
@@ -98,9 +104,13 @@ class Worker(Protocol):
     worker_id: unique name.
     local: True for a worker on the trainer's own devices (the offload controller's seeding
       engines), False for a remote (e.g. preemptible) one.
+    synchronous: True when an exchange runs inside `receive()` (an in-process engine): the
+      manager then exchanges only when there is work. Asynchronous workers always have one
+      exchange outstanding, which doubles as their heartbeat.
   """
   worker_id: str
   local: bool
+  synchronous: bool
 
   def send(self, commands: Commands) -> None:
     """Starts one exchange; at most one may be outstanding."""
@@ -146,6 +156,7 @@ class WorkerServer:
     self._chunks: list[TokenChunk] = []
     self._profile: list[tuple[int, int, float]] = []
     self._pulls: list[tuple[int, float]] = []
+    self._failed_pulls: list[tuple[int, str]] = []
     self._rejected: list[tuple[int, str]] = []
     self.loading = -1
     self.stopped = False
@@ -164,8 +175,12 @@ class WorkerServer:
       self.loading = int(commands.load.version)
       if fetch:
         t0 = time.monotonic()
-        params, moe_state = commands.load.fetch()
-        self.swap(commands.load.version, params, moe_state, time.monotonic() - t0)
+        try:
+          params, moe_state = commands.load.fetch()
+        except Exception as e:  # pylint: disable=broad-except
+          self.pull_failed(commands.load.version, e)
+        else:
+          self.swap(commands.load.version, params, moe_state, time.monotonic() - t0)
     if commands.submit:
       self.submit(commands.submit)
     if commands.shutdown:
@@ -193,6 +208,12 @@ class WorkerServer:
     if self.loading == version:
       self.loading = -1
 
+  def pull_failed(self, version: int, error: BaseException) -> None:
+    """Records a failed pull (the previous version keeps serving)."""
+    self._failed_pulls.append((int(version), f"{type(error).__name__}: {error}"))
+    if self.loading == version:
+      self.loading = -1
+
   def submit(self, requests: Sequence[Request]) -> None:
     for r in requests:
       try:
@@ -201,6 +222,13 @@ class WorkerServer:
         self.engine.submit([r])
       except ValueError as e:
         self._rejected.append((r.request_id, str(e)))
+    if self.engine is not None:
+      # A resumed request that already ends in a stop token, or has no budget left, finishes at
+      # submission: report it like any finish.
+      for c in self.engine.take_completions():
+        q = c.request
+        self._chunks.append(TokenChunk(q.request_id, q.num_generated, np.zeros((0,), np.int32),
+                                       np.zeros((0,), np.float32), self.version, c.finish))
 
   # ----- generation ----------------------------------------------------------------------------
   def has_work(self) -> bool:
@@ -224,7 +252,7 @@ class WorkerServer:
     return n
 
   def has_news(self) -> bool:
-    return bool(self._chunks or self._pulls or self._rejected)
+    return bool(self._chunks or self._pulls or self._failed_pulls or self._rejected)
 
   def report(self) -> WorkerReport:
     e = self.engine
@@ -232,9 +260,10 @@ class WorkerServer:
     waiting = [] if e is None else e.waiting_ids()
     rep = WorkerReport(self.worker_id, self._seq, self._chunks, self.version, self.loading,
                        running, waiting, self.engine_config.num_slots, _profile(self._profile),
-                       self._pulls, self._rejected, os.getpid())
+                       self._pulls, self._failed_pulls, self._rejected, os.getpid())
     self._seq += 1
     self._chunks, self._profile, self._pulls, self._rejected = [], [], [], []
+    self._failed_pulls = []
     return rep
 
 
@@ -242,6 +271,8 @@ class InProcessWorker:
   """A worker on this process's devices: each exchange applies the commands and runs one
   engine step, synchronously inside `receive()`. The embedded default (rollout shares the
   accelerator with training) and the trainer's seeding engines."""
+
+  synchronous = True
 
   def __init__(self, worker_id: str, model_config: ModelConfig, engine_config: EngineConfig, *,
                local: bool = True, warmup: bool = False):

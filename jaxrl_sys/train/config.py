@@ -166,6 +166,8 @@ class LoopConfig:
     seed: run seed (request keys, parameter init).
     log_every: print / log every N steps.
     poll_timeout: seconds a poll may wait for completions.
+    stall_timeout: seconds without any completion, while requests are pending, after which
+      the run stops with an error describing the rollout state (e.g. every worker lost).
   """
   steps: int = 20
   prompts_per_step: int = 8
@@ -181,6 +183,7 @@ class LoopConfig:
   seed: int = 0
   log_every: int = 10
   poll_timeout: float = 60.0
+  stall_timeout: float = 600.0
 
   def __post_init__(self):
     if self.mode not in MODES:
@@ -201,6 +204,8 @@ class LoopConfig:
       raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
     if self.oversample < 1:
       raise ValueError(f"oversample must be >= 1, got {self.oversample}")
+    if not (self.poll_timeout > 0 and self.stall_timeout > 0):
+      raise ValueError("poll_timeout and stall_timeout must be > 0")
 
   @property
   def staleness(self) -> int:

@@ -10,12 +10,18 @@ Owns every side effect: the rollout client, signals, checkpoints, logs. One iter
 3. one optimizer update (global normalisation over the step's micro-batches);
 4. one_off: the in-flight groups finish on the old weights (each sample from one version);
 5. publish the new weights as version v + 1;
-6. step boundary: unread completions are filed, in-flight requests aborted into the buffer
-   (resubmitted at the next admission: in async mode this is AReaL's interruptible generation,
-   the KV is recomputed with the new weights), metrics logged, a checkpoint saved when due.
+6. step boundary: unread completions are filed; in sync mode the APRIL over-provisioned
+   requests still in flight are aborted into the buffer (resubmitted first at the next
+   admission, their remaining tokens gated to the new version); in async mode in-flight requests
+   keep generating on the new weights (the engine recomputes their KV on the swap: AReaL's
+   interruptible generation); metrics are logged and a checkpoint saved when due. The
+   checkpoint holds the rollout client's `snapshot()` of in-flight token state, so a resumed run
+   resubmits exactly what was in flight.
 
-Because the buffer is always drained the same way at a boundary, a checkpoint taken there holds
-the whole rollout state, and a resumed run continues exactly as an uninterrupted one would.
+The rollout client is any `RolloutClient`; by default a `rollout.RolloutManager` over one
+in-process worker (`rollout.InProcessWorker`), or over Ray workers (see `train.fleet_setup`).
+Time comes from an injected clock; the loop raises when no completion arrives for
+`LoopConfig.stall_timeout` seconds while requests are pending.
 SIGTERM sets a flag: the current step finishes, a checkpoint is forced, and `run` returns
 with `preempted=True`.
 """
@@ -26,7 +32,6 @@ import logging
 import math
 import signal
 import threading
-import time
 from typing import Any, Callable
 
 import jax
@@ -34,9 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_sys.models import ModelConfig, SamplingConfig
+from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.types import RolloutClient
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules
 from jaxrl_sys.train import batch as batch_lib
+from jaxrl_sys.rollout.wire import request_to_json
 from jaxrl_sys.train.buffer import Group, RolloutBuffer
 from jaxrl_sys.train.checkpoint import Checkpointer
 from jaxrl_sys.train.config import CheckpointConfig, LoopConfig, TrainConfig
@@ -71,19 +78,31 @@ def check_lengths(model_config: ModelConfig, loop: LoopConfig) -> None:
         f"{model_config.max_seq_len}")
 
 
+def default_engine_config(loop: LoopConfig, samples_per_group: int, eos_id: int):
+  """An `EngineConfig` sized for the loop's in-flight requests. In-flight requests continue
+  across a weight swap with their KV recomputed under the new weights (`recompute_kv_on_swap`),
+  what aborting and resubmitting them would do, without leaving their worker."""
+  from jaxrl_sys.rollout import EngineConfig  # pylint: disable=import-outside-toplevel
+  groups = (loop.staleness + 1) * loop.prompts_per_step + _extra_groups(loop)
+  return EngineConfig(
+      num_slots=min(groups * samples_per_group, 512), max_len=loop.seq_len,
+      stream_every=min(8, loop.max_new_tokens),
+      sampling=SamplingConfig(temperature=loop.temperature, stop_tokens=(eos_id,)),
+      recompute_kv_on_swap=True)
+
+
 def default_client(model_config: ModelConfig, params, loop: LoopConfig, eos_id: int, version: int,
-                   samples_per_group: int, engine_config=None, moe_state=None) -> RolloutClient:
-  """The embedded default: `InProcessRollout` sized for the loop's in-flight requests."""
+                   samples_per_group: int, engine_config=None, moe_state=None, *,
+                   warmup: bool = False, clock: Clock = WALL) -> RolloutClient:
+  """The embedded default: a `RolloutManager` over one in-process worker on this process's
+  devices, with the in-memory (zero-copy) weight store, serving `params` as `version`."""
   # pylint: disable-next=import-outside-toplevel
-  from jaxrl_sys.rollout import EngineConfig, InProcessRollout
-  if engine_config is None:
-    groups = (loop.staleness + 1) * loop.prompts_per_step + _extra_groups(loop)
-    engine_config = EngineConfig(
-        num_slots=min(groups * samples_per_group, 512), max_len=loop.seq_len,
-        stream_every=min(8, loop.max_new_tokens),
-        sampling=SamplingConfig(temperature=loop.temperature, stop_tokens=(eos_id,)))
-  return InProcessRollout.create(model_config, params, engine_config, version=version,
-                                 moe_state=moe_state)
+  from jaxrl_sys.rollout import InProcessWorker, RolloutManager
+  ec = engine_config or default_engine_config(loop, samples_per_group, eos_id)
+  manager = RolloutManager([InProcessWorker("local-0", model_config, ec, warmup=warmup)],
+                           clock=clock)
+  manager.publish_weights(params, version, moe_state)
+  return manager
 
 
 def _extra_groups(loop: LoopConfig) -> int:
@@ -94,6 +113,34 @@ def _extra_groups(loop: LoopConfig) -> int:
 
 def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
+
+
+def _publish(client, state: TrainState, version: int) -> None:
+  """Publishes the parameters as they are (the train step does not donate them, so the
+  in-memory store shares them with the engine) and a copy of the MoE state (donated)."""
+  client.publish_weights(state.params, version, _copy(state.moe_state))
+
+
+def _client_counters(client) -> dict:
+  """The client's cumulative rollout counters (`RolloutManager.metrics()`), or {}."""
+  fn = getattr(client, "metrics", None)
+  return dict(fn()) if callable(fn) else {}
+
+
+def _rollout_metrics(before: dict, after: dict) -> dict:
+  """Per-step rollout metrics: counter differences over the step plus the gauges."""
+  out = {}
+  for key in ("migrated", "tokens_kept", "balanced", "joined", "lost", "tokens"):
+    if key in after:
+      out[f"rollout_{key}"] = after[key] - before.get(key, 0)
+  n_pulls = after.get("pulls", 0) - before.get("pulls", 0)
+  if n_pulls:
+    out["weight_pulls"] = n_pulls
+    out["weight_pull_s_mean"] = (after["pull_seconds"] - before.get("pull_seconds", 0.0)) / n_pulls
+  for key in ("live_workers", "version_lag"):
+    if key in after:
+      out[key] = after[key]
+  return out
 
 
 class RLLoop:
@@ -115,6 +162,7 @@ class RLLoop:
     rules: logical-axis rules.
     warmup_engine: compile every prefill / decode variant of the default in-process engine
       before the first step (no compilation stalls mid-run; slower start).
+    clock: the time source of the loop's timings and stall detection (`rollout.clock`).
   """
 
   def __init__(self, model_config: ModelConfig, train_config: TrainConfig, loop_config: LoopConfig,
@@ -122,7 +170,7 @@ class RLLoop:
                init_params: Callable[[], Any] | None = None, client: RolloutClient | None = None,
                engine_config=None, checkpoint: CheckpointConfig = CheckpointConfig(),
                resume: bool = False, out_dir: str | None = None, progress: bool = False,
-               rules: Rules = DEFAULT_RULES, warmup_engine: bool = False):
+               rules: Rules = DEFAULT_RULES, warmup_engine: bool = False, clock: Clock = WALL):
     check_lengths(model_config, loop_config)
     if abs(train_config.temperature - loop_config.temperature) > 0:
       raise ValueError(f"TrainConfig.temperature={train_config.temperature} must equal the "
@@ -141,6 +189,9 @@ class RLLoop:
     self.rows = loop_config.micro_batch_groups * self.samples
     self._init_params, self._client, self._engine_config = init_params, client, engine_config
     self._warmup_engine = warmup_engine
+    self.clock = clock
+    self.client: RolloutClient | None = None
+    self._last_progress = 0.0
     self.ckpt = Checkpointer(checkpoint) if checkpoint.directory else None
     self.ckpt_cfg, self.resume = checkpoint, resume
     self.logger = MetricsLogger(out_dir)
@@ -175,10 +226,14 @@ class RLLoop:
                              params=params, rules=self.rules)
     return state, {"next_prompt": 0, "accepted": 0}, None
 
-  def _host_state(self, buffer: RolloutBuffer) -> dict:
+  def _host_state(self, buffer: RolloutBuffer, client=None) -> dict:
+    """The loop's host state; the client's in-flight token state (`snapshot()`) is saved as
+    partial requests, which a resumed run resubmits first."""
+    data = buffer.to_json()
+    if client is not None and hasattr(client, "snapshot"):
+      data["partials"] = data["partials"] + [request_to_json(r) for r in client.snapshot()]
     return {"next_prompt": self.next_prompt, "accepted": self.accepted,
-            "samples_per_group": self.samples, "seed": self.lc.seed,
-            "buffer": buffer.to_json()}
+            "samples_per_group": self.samples, "seed": self.lc.seed, "buffer": data}
 
   # ----- rollout -----------------------------------------------------------------------------
   def _admit(self, client, buffer: RolloutBuffer, version: int) -> None:
@@ -202,13 +257,22 @@ class RLLoop:
                                    min_version=min_version))
 
   def _poll(self, client, buffer: RolloutBuffer) -> float:
-    t0 = time.monotonic()
+    t0 = self.clock.now()
     got = client.poll(min_count=1, timeout=self.lc.poll_timeout)
-    if not got and not client.num_pending():
+    now = self.clock.now()
+    if got:
+      self._last_progress = now
+    elif not client.num_pending():
       raise RuntimeError("rollout stalled: no completions and nothing pending "
                          f"({len(buffer.groups)} groups buffered)")
+    elif now - self._last_progress > self.lc.stall_timeout:
+      describe = getattr(client, "describe", lambda: "")
+      raise RuntimeError(
+          f"rollout stalled: no completion for {now - self._last_progress:.0f} s "
+          f"(LoopConfig.stall_timeout={self.lc.stall_timeout}) with {client.num_pending()} "
+          f"requests pending. {describe()}")
     buffer.record(got)
-    return time.monotonic() - t0
+    return now - t0
 
   # ----- one step ----------------------------------------------------------------------------
   def _train_step(self, state: TrainState, client, buffer: RolloutBuffer):
@@ -231,14 +295,14 @@ class RLLoop:
       n = len(pending_micro) if len(taken) == b else (
           len(pending_micro) // m * m if lc.dynamic_micro_batching else 0)
       if n:
-        t0 = time.monotonic()
+        t0 = self.clock.now()
         acc = self._accumulate(state, acc, pending_micro[:n], scored)
-        t_train += time.monotonic() - t0
+        t_train += self.clock.now() - t0
         pending_micro = pending_micro[n:]
-    t0 = time.monotonic()
+    t0 = self.clock.now()
     state, metrics = fns.apply(state, acc)
     metrics = jax.device_get(metrics)
-    t_train += time.monotonic() - t0
+    t_train += self.clock.now() - t0
     return state, metrics, taken, scored, t_roll, t_train
 
   def _accumulate(self, state, acc, groups: list[Group], scored: list):
@@ -255,9 +319,15 @@ class RLLoop:
       acc = self.fns.accumulate(state, acc, mb)
     return acc
 
-  def _boundary(self, client, buffer: RolloutBuffer) -> None:
+  def _boundary(self, client, buffer: RolloutBuffer, version: int) -> None:
+    """Files unread completions. Sync mode: the over-provisioned (APRIL) requests still in
+    flight are aborted into the buffer; their remaining tokens must come from `version`, the
+    one just published (strict on-policy routing). Async mode: in-flight requests keep going."""
     buffer.record(client.poll(timeout=0))
-    buffer.partials.extend(client.abort())
+    if self.lc.mode == "sync":
+      for r in client.abort():
+        r.min_version = version
+        buffer.partials.append(r)
 
   # ----- the loop ----------------------------------------------------------------------------
   def run(self) -> RunResult:
@@ -276,26 +346,31 @@ class RLLoop:
     step = int(jax.device_get(state.step))
     client = self._client
     if client is None:
-      client = default_client(self.mc, _copy(state.params), self.lc, self.tok.eos_id, step,
-                              self.samples, self._engine_config, _copy(state.moe_state))
-      if self._warmup_engine:
-        client.engine.warmup()
+      client = default_client(self.mc, state.params, self.lc, self.tok.eos_id, step,
+                              self.samples, self._engine_config, _copy(state.moe_state),
+                              warmup=self._warmup_engine, clock=self.clock)
     else:
-      client.publish_weights(_copy(state.params), step, _copy(state.moe_state))
+      _publish(client, state, step)
+    self.client = client
+    self._last_progress = self.clock.now()
+    counters = _client_counters(client)
     history, preempted = [], False
     try:
       while step < self.lc.steps:
-        t_step = time.monotonic()
+        t_step = self.clock.now()
         self._admit(client, buffer, step)
         state, metrics, taken, scored, t_roll, t_train = self._train_step(state, client, buffer)
         if self.lc.mode == "one_off":
           while client.num_pending():  # finish the next batch on the weights that started it
             t_roll += self._poll(client, buffer)
         step += 1
-        client.publish_weights(_copy(state.params), step, _copy(state.moe_state))
-        self._boundary(client, buffer)
-        row = self._metrics(metrics, scored, taken, t_roll, t_train, time.monotonic() - t_step,
+        _publish(client, state, step)
+        self._boundary(client, buffer, step)
+        row = self._metrics(metrics, scored, taken, t_roll, t_train, self.clock.now() - t_step,
                             step - 1)
+        now_counters = _client_counters(client)
+        row.update(_rollout_metrics(counters, now_counters))
+        counters = now_counters
         row["groups_buffered"] = len(buffer.groups)
         row["group_ids"] = [g.group_id for g in taken]
         history.append(row)
@@ -304,7 +379,7 @@ class RLLoop:
         stop = self._stop.is_set()
         if self.ckpt is not None and (stop or step == self.lc.steps or (
             self.ckpt_cfg.save_every and step % self.ckpt_cfg.save_every == 0)):
-          self.ckpt.save(state, self._host_state(buffer), force=stop)
+          self.ckpt.save(state, self._host_state(buffer, client), force=stop)
         if stop:
           preempted = step < self.lc.steps
           break

@@ -287,11 +287,11 @@ def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimiz
   def _apply(rest, params, acc):
     return apply(rest._replace(params=params), acc, **kw, **opt)
 
+
+  d = (lambda *a: a) if donate else (lambda *a: ())
   # The parameters are not donated: the in-memory weight store hands them to the rollout
   # engine without a copy (`rollout.weights.MemoryWeightStore`), so they must outlive the step.
   apply_jit = jax.jit(_apply, out_shardings=(sh, rep), donate_argnums=d(0))
-
-  d = (lambda *a: a) if donate else (lambda *a: ())
   return TrainFns(
       step=jax.jit(_step, out_shardings=(sh, rep), donate_argnums=d(0)),
       init_accum=jax.jit(_init, out_shardings=acc_sh),
