@@ -138,9 +138,12 @@ class RolloutManager:
     deadline = self.clock.now() + self.config.heartbeat_timeout + self.config.startup_timeout
     while any(self.requests[r].owner is not None for r in want
               if r in self.requests and self.requests[r].aborting):
-      if not self.round() and self.clock.now() > deadline:
-        raise RuntimeError(f"abort: no acknowledgement within {deadline} s from workers "
-                           f"{sorted({self.requests[r].owner for r in want if r in self.requests})}")
+      if self.round():
+        continue
+      if self.clock.now() > deadline:
+        owners = sorted({str(self.requests[r].owner) for r in want if r in self.requests})
+        raise RuntimeError(f"abort: no acknowledgement from workers {owners}")
+      self._wait(self.config.poll_interval)
     for rid in want:
       st = self.requests.get(rid)
       if st is not None and st.aborting and not st.done:
@@ -487,7 +490,10 @@ class RolloutManager:
       ws, version = self.workers[donor], self.workers[receiver].version
       pending = [r for r in ws.assigned if r not in ws.running and not self.requests[r].moving
                  and self.requests[r].request.min_version <= version]
-      moved |= self.evacuate(donor, pending[-n:], target=receiver) > 0
+      k = self.evacuate(donor, pending[-n:], target=receiver)
+      if k:
+        self.events.append((self.clock.now(), "move", donor, f"{k} pending to {receiver}"))
+      moved |= k > 0
     if moved:
       return True
     move = balance.running_moves(loads, self.config.theta)
@@ -498,4 +504,7 @@ class RolloutManager:
     cands = sorted((r for r in ws.assigned if r in ws.running and not self.requests[r].moving
                     and self.requests[r].request.min_version <= rv.version),
                    key=lambda r: (self.requests[r].request.num_generated, r))
-    return self.evacuate(donor, cands[:n], target=receiver) > 0
+    k = self.evacuate(donor, cands[:n], target=receiver)
+    if k:
+      self.events.append((self.clock.now(), "move", donor, f"{k} running to {receiver}"))
+    return k > 0
