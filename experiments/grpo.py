@@ -90,6 +90,23 @@ flags.DEFINE_integer("seed", _RC.seed, "Seed.")
 flags.DEFINE_string("out_dir", "runs/grpo", "Metrics / plot / final params directory.")
 flags.DEFINE_bool("progress", True, "Show the progress line on stderr.")
 flags.DEFINE_string("compile_cache", ".jax_cache", "Persistent compilation cache ('' = off).")
+flags.DEFINE_enum("rollout", _RC.rollout, ["local", "ray"],
+                  "Where rollout runs: in-process on the trainer's devices, or Ray workers.")
+flags.DEFINE_integer("num_workers", _RC.num_workers, "Ray rollout workers (--rollout=ray).")
+flags.DEFINE_string("ray_address", None, "Ray cluster address (default: start a local Ray).")
+flags.DEFINE_string("weight_store", None,
+                    "memory | ray | tensorstore:PATH_OR_URL (default: memory for local rollout, "
+                    "ray for Ray workers).")
+flags.DEFINE_string("preempt_trace", None,
+                    "Spot trace (Bamboo CSV / Parcae JSONL) that starts and SIGKILLs Ray workers.")
+flags.DEFINE_float("trace_time_scale", _RC.trace_time_scale,
+                   "Host seconds per trace second (1/60: a trace minute per second).")
+flags.DEFINE_float("chaos_kill_every", _RC.chaos_kill_every,
+                   "Mean seconds between random SIGKILLs of a Ray worker (0 = off).")
+flags.DEFINE_float("chaos_restart_after", _RC.chaos_restart_after,
+                   "Seconds before a chaos-killed worker's slot restarts.")
+flags.DEFINE_float("worker_token_delay", _RC.worker_token_delay,
+                   "Seconds each Ray worker sleeps per token (slow workers, for experiments).")
 
 
 def recipe_from_flags():
@@ -108,7 +125,11 @@ def recipe_from_flags():
       sft_learning_rate=FLAGS.sft_learning_rate, sft_batch_size=FLAGS.sft_batch_size,
       checkpoint_dir=FLAGS.checkpoint_dir, save_every=FLAGS.save_every,
       keep_checkpoints=FLAGS.keep_checkpoints, seed=FLAGS.seed, out_dir=FLAGS.out_dir or None,
-      progress=FLAGS.progress)
+      progress=FLAGS.progress, rollout=FLAGS.rollout, num_workers=FLAGS.num_workers,
+      ray_address=FLAGS.ray_address, weight_store=FLAGS.weight_store,
+      preempt_trace=FLAGS.preempt_trace, trace_time_scale=FLAGS.trace_time_scale,
+      chaos_kill_every=FLAGS.chaos_kill_every, chaos_restart_after=FLAGS.chaos_restart_after,
+      worker_token_delay=FLAGS.worker_token_delay)
 
 
 def main(argv):
@@ -124,7 +145,7 @@ def main(argv):
   try:
     recipe = recipe_lib.build_recipe(recipe_from_flags())
     result = recipe_lib.run_recipe(recipe, resume=FLAGS.resume)
-  except ValueError as e:
+  except (ValueError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   if result.resumed_from is not None:

@@ -164,6 +164,13 @@ class RolloutManager:
     """Requests submitted and not yet returned by `poll()` or `abort()`."""
     return len(self.requests)
 
+  def close(self) -> None:
+    """Ends every worker and closes the weight store (waiting for pending writes)."""
+    for ws in list(self.workers.values()):
+      ws.worker.kill()
+    self.workers.clear()
+    self.store.close()
+
   # ----- membership ----------------------------------------------------------------------------
   def add_worker(self, worker: Worker) -> None:
     """A worker joins: it is told to pull the newest committed version at its first exchange

@@ -21,9 +21,10 @@ from jaxrl_sys.tasks import make_task
 from jaxrl_sys.train.config import (ALGOS, CheckpointConfig, LoopConfig, OptimConfig, TrainConfig,
                                     train_config_for_algo)
 from jaxrl_sys.train.groups import encode_prompt
-from jaxrl_sys.train.loop import RLLoop, RunResult, check_lengths
+from jaxrl_sys.train.loop import RLLoop, RunResult, check_lengths, default_engine_config
 from jaxrl_sys.train.metrics_log import plot_history
 from jaxrl_sys.train.presets import LoadedModel, load_model
+from jaxrl_sys.train.rollout_setup import RolloutSetup, ray_client
 from jaxrl_sys.train.supervised import supervised_warmup
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,15 @@ class RecipeConfig:
   seed: int = 0
   out_dir: str | None = None
   progress: bool = True
+  rollout: str = "local"
+  num_workers: int = 2
+  ray_address: str | None = None
+  weight_store: str | None = None
+  preempt_trace: str | None = None
+  trace_time_scale: float = 1.0 / 60.0
+  chaos_kill_every: float = 0.0
+  chaos_restart_after: float = 2.0
+  worker_token_delay: float = 0.0
 
 
 def parse_task_args(text: str) -> dict[str, Any]:
@@ -89,6 +99,7 @@ class Recipe:
   train: TrainConfig
   loop: LoopConfig
   checkpoint: CheckpointConfig
+  rollout: RolloutSetup
 
 
 def build_recipe(rc: RecipeConfig) -> Recipe:
@@ -121,7 +132,13 @@ def build_recipe(rc: RecipeConfig) -> Recipe:
   encode_prompt(model.tokenizer, task.problem(0).prompt, rc.max_prompt_len)  # fail early
   ckpt = CheckpointConfig(directory=rc.checkpoint_dir, save_every=rc.save_every,
                           keep=rc.keep_checkpoints)
-  return Recipe(rc, spec, model, task, train, loop, ckpt)
+  rollout = RolloutSetup(rollout=rc.rollout, num_workers=rc.num_workers,
+                         ray_address=rc.ray_address, weight_store=rc.weight_store,
+                         preempt_trace=rc.preempt_trace, trace_time_scale=rc.trace_time_scale,
+                         chaos_kill_every=rc.chaos_kill_every,
+                         chaos_restart_after=rc.chaos_restart_after,
+                         worker_token_delay=rc.worker_token_delay)
+  return Recipe(rc, spec, model, task, train, loop, ckpt, rollout)
 
 
 def recipe_mesh(spec: MeshSpec) -> jax.sharding.Mesh:
@@ -155,10 +172,20 @@ def run_recipe(recipe: Recipe, *, resume: bool = False) -> RunResult:
     os.makedirs(rc.out_dir, exist_ok=True)
     with open(os.path.join(rc.out_dir, "config.json"), "w", encoding="utf-8") as f:
       json.dump(dataclasses.asdict(rc), f, indent=1)
+  client = None
+  if recipe.rollout.rollout == "ray":
+    engine = default_engine_config(recipe.loop, recipe.loop.group_size + int(
+        recipe.train.advantage.baseline == "median"), tok.eos_id)
+    client = ray_client(recipe.rollout, mc, engine, seed=rc.seed,
+                        compile_cache=jax.config.jax_compilation_cache_dir or None)
   loop = RLLoop(mc, recipe.train, recipe.loop, recipe.task, tok, mesh, init_params=init,
-                checkpoint=recipe.checkpoint, resume=resume, out_dir=rc.out_dir,
+                client=client, checkpoint=recipe.checkpoint, resume=resume, out_dir=rc.out_dir,
                 progress=rc.progress)
-  result = loop.run()
+  try:
+    result = loop.run()
+  finally:
+    if client is not None:
+      client.close()
   if rc.out_dir:
     save_params(os.path.join(rc.out_dir, "final_params.npz"), result.state.params)
     history = _read_history(rc.out_dir) or result.history
