@@ -105,6 +105,10 @@ flags.DEFINE_float("chaos_kill_every", _RC.chaos_kill_every,
                    "Mean seconds between random SIGKILLs of a Ray worker (0 = off).")
 flags.DEFINE_float("chaos_restart_after", _RC.chaos_restart_after,
                    "Seconds before a chaos-killed worker's slot restarts.")
+flags.DEFINE_string("offload", _RC.offload,
+                    "Rollout offload with Ray workers: off | adaptive (RLBoost seeding: the "
+                    "trainer generates for T_seed, then hands off) | a fixed T_seed in seconds.")
+flags.DEFINE_float("t_seed_init", _RC.t_seed_init, "First seeding window (adaptive offload).")
 flags.DEFINE_float("worker_token_delay", _RC.worker_token_delay,
                    "Seconds each Ray worker sleeps per token (slow workers, for experiments).")
 
@@ -129,7 +133,8 @@ def recipe_from_flags():
       ray_address=FLAGS.ray_address, weight_store=FLAGS.weight_store,
       preempt_trace=FLAGS.preempt_trace, trace_time_scale=FLAGS.trace_time_scale,
       chaos_kill_every=FLAGS.chaos_kill_every, chaos_restart_after=FLAGS.chaos_restart_after,
-      worker_token_delay=FLAGS.worker_token_delay)
+      worker_token_delay=FLAGS.worker_token_delay, offload=FLAGS.offload,
+      t_seed_init=FLAGS.t_seed_init)
 
 
 def main(argv):

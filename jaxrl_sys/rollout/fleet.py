@@ -9,7 +9,8 @@ schedule with `due(now) -> [TraceEvent]` (`traces.TracePlayer` over a Bamboo / P
 2. forgets workers the manager lost on its own (a crash, a missed heartbeat);
 3. starts workers on available, unused nodes up to `min(cap, available)` (as RLBoost's
    replayer: a lost node is replaced at once if spare capacity exists), and retires the newest
-   ones gracefully when the cap drops (the offload controller's N_prem).
+   ones gracefully when the cap drops. The cap is the smaller of its own and the manager's
+   `worker_cap` (the offload controller's N_prem).
 
 Workers come from a `factory(worker_id) -> Worker` (a Ray actor, a simulated instance), so
 the same fleet logic runs in real runs, tests and the simulator.
@@ -37,11 +38,13 @@ class Fleet:
     cap: the most workers to run (an int, or a callable read every tick: N_prem); None = none.
     prefix: worker ids are `f"{prefix}{node}.{n}"` (n counts starts on that node).
     preempt: how a `remove` kills a worker (default: its `preempt()`, else `kill()`).
+    retire_after: seconds the fleet must stay above its cap before the newest workers are
+      retired (a cap computed per step is noisy; starting a worker costs a start-up delay).
   """
 
   def __init__(self, factory: Callable[[str], Worker], *, schedule=None, size: int = 0,
                cap: int | Callable[[], int | None] | None = None, prefix: str = "spot-",
-               preempt: Callable[[Worker], None] = _preempt):
+               preempt: Callable[[Worker], None] = _preempt, retire_after: float = 30.0):
     if schedule is None and size <= 0:
       raise ValueError("Fleet needs a schedule or size > 0")
     self.factory, self.schedule, self.prefix, self._preempt = factory, schedule, prefix, preempt
@@ -51,6 +54,8 @@ class Fleet:
     self.starts: dict[str, int] = {}
     self.log: list[tuple[float, str, str]] = []  # (time, action, worker or node)
     self._origin: float | None = None
+    self.retire_after = retire_after
+    self._above_since: float | None = None
 
   def cap(self) -> int | None:
     return self._cap() if callable(self._cap) else self._cap
@@ -72,7 +77,9 @@ class Fleet:
       if w.worker_id not in manager.workers:
         del self.workers[node]
         self.log.append((now, "gone", w.worker_id))
-    cap = self.cap()
+    cap, wanted = self.cap(), getattr(manager, "worker_cap", None)
+    if wanted is not None:
+      cap = wanted if cap is None else min(cap, wanted)
     want = len(self.available) if cap is None else min(cap, len(self.available))
     for node in sorted(self.available - set(self.workers)):
       if len(self.workers) >= want:
@@ -84,7 +91,15 @@ class Fleet:
       manager.add_worker(w)
       self.log.append((now, "start", w.worker_id))
     extra = len(self.workers) - want
-    for node in list(self.workers)[::-1][:max(extra, 0)]:
+    if extra <= 0:
+      self._above_since = None
+      return
+    if self._above_since is None:
+      self._above_since = now
+    if now - self._above_since < self.retire_after:
+      return
+    self._above_since = None
+    for node in list(self.workers)[::-1][:extra]:
       w = self.workers.pop(node)
       if w.worker_id in manager.workers:
         manager.retire_worker(w.worker_id)

@@ -42,6 +42,10 @@ class ManagerCore:
     self._provenance: dict[int, list[tuple[str, int, int]]] = {}
     self._in_use: frozenset[int] = frozenset()
     self._open = 0  # unfinished requests
+    self.worker_cap: int | None = None  # remote workers wanted (the controller's N_prem)
+    self.busy_of_gone: dict[str, tuple[float, float, bool]] = {}  # lost / retired workers
+    self._remote_seconds = 0.0  # integral of the remote-worker count over time
+    self._last_tick = clock.now()
     for w in workers:
       self.add_worker(w)
 
@@ -84,6 +88,8 @@ class ManagerCore:
     if ws is None:
       return
     ws.worker.kill()
+    ws.close_busy(self.clock.now())
+    self.busy_of_gone[worker_id] = (ws.busy_total, ws.last_done, ws.worker.local)
     self.stats.lost += 1
     moved = list(ws.assigned)
     self.events.append((self.clock.now(), "lost", worker_id, f"{reason}; {len(moved)} migrated"))
@@ -148,6 +154,24 @@ class ManagerCore:
                version_lag=(self.latest - min(versions)) if versions and self.latest >= 0 else 0)
     return out
 
+  def remote_worker_seconds(self) -> float:
+    """The integral over time of the number of remote workers, up to now."""
+    now = self.clock.now()
+    remote = sum(1 for ws in self.workers.values() if not ws.worker.local)
+    self._remote_seconds += remote * max(now - self._last_tick, 0.0)
+    self._last_tick = now
+    return self._remote_seconds
+
+  def worker_times(self) -> dict[str, tuple[float, float, bool]]:
+    """Per worker ever seen: `(busy seconds so far, time of its last finished response,
+    local)`; busy = holding at least one request (the offload controller's t_remote and
+    t_wait_remote come from differences of these over a step)."""
+    now = self.clock.now()
+    out = dict(self.busy_of_gone)
+    for wid, ws in self.workers.items():
+      out[wid] = (ws.busy_now(now), ws.last_done, ws.worker.local)
+    return out
+
   def describe(self) -> str:
     """A one-paragraph account of the rollout state (for stall errors)."""
     ws = ", ".join(f"{w.worker_id}: v{w.version} holds {len(w.assigned)}"
@@ -199,7 +223,7 @@ class ManagerCore:
     for rid, message in rep.rejected:
       st = self.requests.get(rid)
       if st is not None and st.owner == rep.worker_id:
-        ws.assigned.pop(rid, None)
+        ws.release(rid, self.clock.now())
         self._failed.append(RequestFailedError(
             f"request {rid} was rejected by worker {rep.worker_id}: {message}"))
     for c in rep.chunks:
@@ -211,6 +235,7 @@ class ManagerCore:
   def tick(self) -> bool:
     """Hooks, heartbeats, weight pulls, dispatch and load balancing at the clock's time."""
     now = self.clock.now()
+    self.remote_worker_seconds()
     for hook in self._hooks:
       hook(self, now)
     changed = False
@@ -221,6 +246,7 @@ class ManagerCore:
         changed = True
       elif ws.retiring and not ws.assigned and not ws.outstanding:
         self.workers.pop(ws.worker_id)
+        self.busy_of_gone[ws.worker_id] = (ws.busy_total, ws.last_done, ws.worker.local)
         self.events.append((now, "retired", ws.worker_id, ""))
         self._update_gc()
         changed = True
@@ -238,7 +264,7 @@ class ManagerCore:
       return
     if c.finish == FinishReason.ABORTED:
       if st.moving or st.aborting:
-        ws.assigned.pop(c.request_id, None)
+        ws.release(c.request_id, self.clock.now())
         self._acknowledged(st)
       else:
         self.stats.ignored_chunks += 1
@@ -255,8 +281,11 @@ class ManagerCore:
       else:
         prov.append((wid, c.start, c.start + n))
       self.stats.tokens += n
+      if ws.worker.local:
+        self.stats.tokens_local += n
     if c.finish is not None:
-      ws.assigned.pop(c.request_id, None)
+      ws.last_done = self.clock.now()
+      ws.release(c.request_id, self.clock.now())
       self._complete(st, c.finish)
 
   def _complete(self, st: ReqState, finish: FinishReason) -> None:
@@ -281,7 +310,7 @@ class ManagerCore:
       ws.commands.abort.append(rid)
       return
     if ws is not None:
-      ws.assigned.pop(rid, None)
+      ws.release(rid, self.clock.now())
     self._acknowledged(st)
 
   def _acknowledged(self, st: ReqState) -> None:
@@ -336,7 +365,7 @@ class ManagerCore:
         continue
       ws = self.workers[wid]
       ws.commands.submit.append(dataclasses.replace(st.request))
-      ws.assign(rid)
+      ws.assign(rid, self.clock.now())
       st.owner, st.target = wid, None
       loads[wid] = dataclasses.replace(loads[wid], pending=loads[wid].pending + 1)
       sent = True

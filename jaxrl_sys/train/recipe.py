@@ -70,6 +70,8 @@ class RecipeConfig:
   chaos_kill_every: float = 0.0
   chaos_restart_after: float = 2.0
   worker_token_delay: float = 0.0
+  offload: str = "off"
+  t_seed_init: float = 2.0
 
 
 def parse_task_args(text: str) -> dict[str, Any]:
@@ -137,7 +139,8 @@ def build_recipe(rc: RecipeConfig) -> Recipe:
                          preempt_trace=rc.preempt_trace, trace_time_scale=rc.trace_time_scale,
                          chaos_kill_every=rc.chaos_kill_every,
                          chaos_restart_after=rc.chaos_restart_after,
-                         worker_token_delay=rc.worker_token_delay)
+                         worker_token_delay=rc.worker_token_delay, offload=rc.offload,
+                         t_seed_init=rc.t_seed_init)
   return Recipe(rc, spec, model, task, train, loop, ckpt, rollout)
 
 
@@ -180,7 +183,7 @@ def run_recipe(recipe: Recipe, *, resume: bool = False) -> RunResult:
                         compile_cache=jax.config.jax_compilation_cache_dir or None)
   loop = RLLoop(mc, recipe.train, recipe.loop, recipe.task, tok, mesh, init_params=init,
                 client=client, checkpoint=recipe.checkpoint, resume=resume, out_dir=rc.out_dir,
-                progress=rc.progress)
+                progress=rc.progress, offload=recipe.rollout.offload_config())
   try:
     result = loop.run()
   finally:
@@ -191,6 +194,10 @@ def run_recipe(recipe: Recipe, *, resume: bool = False) -> RunResult:
     history = _read_history(rc.out_dir) or result.history
     plot_history(history, os.path.join(rc.out_dir, "reward_kl.png"), ("reward_mean", "kl"),
                  title=f"{rc.algo} on {rc.task} ({rc.mode}, mesh {rc.mesh})")
+    if recipe.rollout.rollout == "ray":
+      plot_history(history, os.path.join(rc.out_dir, "offload.png"),
+                   ("t_seed", "live_workers", "time_step"),
+                   title=f"rollout offload ({rc.offload}, {rc.num_workers} Ray workers)")
   return result
 
 

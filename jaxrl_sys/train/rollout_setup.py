@@ -12,6 +12,7 @@ from jaxrl_sys.rollout.config import EngineConfig
 from jaxrl_sys.rollout.fleet import Fleet
 from jaxrl_sys.rollout.manager import RolloutManager
 from jaxrl_sys.rollout.manager_state import ManagerConfig
+from jaxrl_sys.rollout.offload import OffloadConfig
 from jaxrl_sys.rollout.traces import ChaosSchedule, TracePlayer, load_trace
 from jaxrl_sys.rollout.weights import make_weight_store
 
@@ -39,6 +40,10 @@ class RolloutSetup:
     worker_token_delay: seconds each Ray worker sleeps per generated token (slow workers on
       purpose, for tests and benchmarks).
     heartbeat_timeout, startup_timeout, max_attempts, theta: `ManagerConfig` settings.
+    offload: "off", "adaptive" (RLBoost seeding with the feedback controller) or a fixed
+      window in seconds ("0": hand everything to the remote workers at once). With Ray workers
+      and offload on, the trainer's devices are also a (local) worker.
+    t_seed_init: the controller's first window, seconds.
   """
   rollout: str = "local"
   num_workers: int = 2
@@ -56,24 +61,43 @@ class RolloutSetup:
   startup_timeout: float = 300.0
   max_attempts: int = 5
   theta: int = 4
+  offload: str = "off"
+  t_seed_init: float = 2.0
 
   def __post_init__(self):
     if self.rollout not in ROLLOUTS:
       raise ValueError(f"unknown --rollout {self.rollout!r}; choose one of {ROLLOUTS}")
     if self.rollout == "ray" and self.num_workers < 1:
       raise ValueError(f"--rollout=ray needs --num_workers >= 1, got {self.num_workers}")
-    if self.rollout == "local" and (self.preempt_trace or self.chaos_kill_every):
-      raise ValueError("--preempt_trace and --chaos_kill_every preempt Ray workers: use them "
-                       "with --rollout=ray")
+    if self.rollout == "local" and (self.preempt_trace or self.chaos_kill_every
+                                    or self.offload != "off"):
+      raise ValueError("--preempt_trace, --chaos_kill_every and --offload act on Ray workers: "
+                       "use them with --rollout=ray")
     if self.preempt_trace and self.chaos_kill_every:
       raise ValueError("use either --preempt_trace or --chaos_kill_every, not both")
     if self.preempt_trace and not os.path.isfile(self.preempt_trace):
       raise ValueError(f"--preempt_trace={self.preempt_trace}: no such file")
     if self.chaos_kill_every < 0 or not 0 < self.trace_sample <= 1:
       raise ValueError("--chaos_kill_every must be >= 0 and --trace_sample in (0, 1]")
+    self.offload_config()  # validates
     if self.rollout == "ray" and self.weight_store == "memory":
       raise ValueError("--weight_store=memory only serves in-process workers; use "
                        "--weight_store=ray or --weight_store=tensorstore:PATH with --rollout=ray")
+
+  def offload_config(self) -> OffloadConfig | None:
+    """The controller's config, or None when offload is off."""
+    if self.offload == "off":
+      return None
+    if self.offload == "adaptive":
+      return OffloadConfig(t_init=self.t_seed_init)
+    try:
+      fixed = float(self.offload)
+    except ValueError:
+      fixed = -1.0
+    if fixed < 0:
+      raise ValueError(f"--offload={self.offload!r}: use off, adaptive or a window in seconds "
+                       ">= 0 (0 = offload everything)")
+    return OffloadConfig(fixed=fixed)
 
   def manager_config(self) -> ManagerConfig:
     return ManagerConfig(theta=self.theta, heartbeat_timeout=self.heartbeat_timeout,
@@ -90,6 +114,10 @@ def ray_client(setup: RolloutSetup, model_config: ModelConfig, engine_config: En
   init_ray(setup.ray_address)
   store = make_weight_store(setup.weight_store or "ray")
   manager = RolloutManager(store=store, config=setup.manager_config(), clock=clock)
+  if setup.offload_config() is not None:
+    # pylint: disable-next=import-outside-toplevel
+    from jaxrl_sys.rollout.worker import InProcessWorker
+    manager.add_worker(InProcessWorker("trainer-0", model_config, engine_config, local=True))
 
   def factory(worker_id: str):
     return RayWorker(worker_id, model_config, engine_config, num_cpus=setup.worker_cpus,
