@@ -35,7 +35,7 @@ from benchmarks.common import RESULTS_DIR, print_table, write_json  # noqa: E402
 _TS_READER = """
 import json, sys, time
 import ml_dtypes, numpy, tensorstore
-from jaxrl_sys.rollout.weights import TensorstoreWeightRef
+from jaxrl_sys.rollout.ts_weights import TensorstoreWeightRef
 ref = TensorstoreWeightRef(**json.loads(sys.argv[1]))
 t = time.perf_counter()
 ref.fetch()
@@ -73,11 +73,11 @@ def transformer_params(nbytes: int, layers: int = 4):
 
 def checksum_throughput(nbytes: int = 64 << 20) -> dict:
   """GiB/s of candidate checksums over `nbytes` of random float32 on this machine (best of 3)."""
-  from jaxrl_sys.rollout import weights  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout import weights_io  # pylint: disable=import-outside-toplevel
   x = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
   mv = memoryview(x).cast("B")
   cands = {"zlib.crc32 (1 thread)": lambda: zlib.crc32(mv),
-           "weights.chunk_crcs (all cores)": lambda: weights.chunk_crcs([x]),
+           "weights_io.chunk_crcs (all cores)": lambda: weights_io.chunk_crcs([x]),
            "hashlib.sha256": lambda: hashlib.sha256(mv).digest(),
            "hashlib.blake2b": lambda: hashlib.blake2b(mv).digest(),
            "numpy uint64 sum (weak)": lambda: x.view(np.uint64).sum(),
@@ -111,8 +111,8 @@ def _publish(store, params, version: int) -> tuple[float, float]:
 
 
 def _tensorstore_row(params, nbytes: int, repeats: int, root: str) -> dict:
-  from jaxrl_sys.rollout import weights  # pylint: disable=import-outside-toplevel
-  store = weights.TensorstoreWeightStore(root)
+  from jaxrl_sys.rollout import ts_weights  # pylint: disable=import-outside-toplevel
+  store = ts_weights.TensorstoreWeightStore(root)
   pubs = [_publish(store, params, v) for v in range(1, repeats + 1)]
   store.gc(in_use=[])
   ref = store.ref()

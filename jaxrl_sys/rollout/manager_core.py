@@ -338,6 +338,7 @@ class ManagerCore:
       if max(ws.version, ws.pull_sent) < self.latest:
         ref = self.store.ref(self.latest)
         if ref is None:
+          getattr(self.store, "check", lambda: None)()  # a failed write raises, never stalls
           return  # not committed yet
         ws.commands.load, ws.pull_sent = ref, self.latest
 

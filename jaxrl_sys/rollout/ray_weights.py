@@ -17,8 +17,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from jaxrl_sys.rollout.weights import (BackgroundPublisher, CorruptWeightsError, chunk_crcs,
-                                       dtype_from_name, host_leaves, verify_leaves)
+from jaxrl_sys.rollout.weights import CorruptWeightsError
+from jaxrl_sys.rollout.weights_io import (BackgroundPublisher, chunk_crcs, dtype_from_name,
+                                          host_leaves, verify_leaves)
 
 
 def import_ray():
@@ -128,6 +129,10 @@ class RayWeightStore:
       for v in drop:
         del self._refs[v]  # Ray frees the object once no worker borrows it either
     return sorted(drop)
+
+  def check(self) -> None:
+    """Raises `WeightPublishError` if a background publish failed (non-blocking)."""
+    self._bg.check()
 
   def wait(self) -> None:
     self._bg.wait()

@@ -33,7 +33,9 @@ def drain(m, limit=100_000):
 def check_complete(out, reqs):
   ids = [c.request_id for c in out]
   assert sorted(ids) == sorted(r.request_id for r in reqs), "lost or duplicated requests"
-  for c, r in zip(sorted(out, key=lambda c: c.request_id), sorted(reqs, key=lambda r: r.request_id)):
+  by_id = {r.request_id: r for r in reqs}
+  for c in out:
+    r = by_id[c.request_id]
     assert list(c.request.tokens) == expected(r), c.request_id
     assert len(c.request.versions) == len(c.request.tokens) == len(c.request.logprobs)
 
@@ -217,3 +219,20 @@ def test_snapshot_resumes_exactly_on_fresh_workers():
   m2 = manager([FakeWorker("c", clock2)], clock2)
   m2.submit(snap)
   check_complete(done + drain(m2), reqs)
+
+
+def test_a_failed_weight_publish_is_an_error_not_a_stall(tmp_path):
+  from jaxrl_sys.rollout.ts_weights import TensorstoreWeightStore  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.weights import WeightPublishError  # pylint: disable=import-outside-toplevel
+  root = tmp_path / "store"
+  store = TensorstoreWeightStore(str(root))
+  if root.exists():
+    root.rmdir()
+  root.write_text("a file where the store's directory should be: every write fails")
+  clock = ManualClock()
+  m = RolloutManager([FakeWorker("a", clock)], store=store, clock=clock)
+  m.publish_weights(PARAMS, 0)
+  m.submit(make_requests(2, seed=12))
+  with pytest.raises(WeightPublishError, match="version 0"):
+    for _ in range(1000):
+      m.poll(timeout=0.1)

@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from jaxrl_sys.rollout.weights import CorruptWeightsError, host_leaves, make_weight_store
+from jaxrl_sys.rollout.weights import CorruptWeightsError, make_weight_store
+from jaxrl_sys.rollout.weights_io import host_leaves
 from tests.rollout.test_weights import leaf_bytes, tree
 
 ray = pytest.importorskip("ray")

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from jaxrl_sys.models.moe import MoEState
-from jaxrl_sys.rollout import weights
-from jaxrl_sys.rollout.weights import (CorruptWeightsError, MemoryWeightStore,
-                                       TensorstoreWeightStore, WeightPublishError,
-                                       make_weight_store, open_latest)
+from jaxrl_sys.rollout import ts_weights, weights_io
+from jaxrl_sys.rollout.ts_weights import TensorstoreWeightStore, open_latest
+from jaxrl_sys.rollout.weights import (CorruptWeightsError, MemoryWeightStore, WeightPublishError,
+                                       make_weight_store)
 
 
 def tree(seed: int, n: int = 4096):
@@ -91,7 +91,7 @@ def test_publish_copies_and_commits_in_background(tmp_path, monkeypatch):
 
 
 def test_reader_racing_writer_never_sees_a_partial_version(tmp_path, monkeypatch):
-  monkeypatch.setattr(weights, "CHUNK_BYTES", 1 << 16)  # many chunks per array
+  monkeypatch.setattr(weights_io, "CHUNK_BYTES", 1 << 16)  # many chunks per array
   expect = {v: leaf_bytes(tree(v, n=1 << 17)) for v in range(1, 16)}
   store = TensorstoreWeightStore(tmp_path)
   done, seen, errors = threading.Event(), [], []
@@ -151,7 +151,7 @@ def _flip(name, offset):
     ("delete_manifest", r"version 1 .*manifest.json is missing"),
     ("edit_manifest", r"version 1 .*manifest.json fails its crc32")])
 def test_damage_is_detected(tmp_path, monkeypatch, damage, match):
-  monkeypatch.setattr(weights, "CHUNK_BYTES", 1024)
+  monkeypatch.setattr(weights_io, "CHUNK_BYTES", 1024)
   store = TensorstoreWeightStore(tmp_path)
   store.publish(1, *tree(1))
   store.wait()
@@ -177,7 +177,7 @@ def test_damage_is_detected_on_other_kvstores(tmp_path):
   store = TensorstoreWeightStore(url)
   store.publish(1, *tree(1))
   store.wait()
-  kv = weights._kvstore(store.url)
+  kv = ts_weights._kvstore(store.url)
   m = json.loads(kv["v1/manifest.json"])
   key = "v1/" + next(a["key"] for a in m["arrays"] if a["path"] == "[1].q")
   value = bytearray(kv[key])
