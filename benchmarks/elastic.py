@@ -10,6 +10,8 @@
     Imports are done before the clock starts in both. Files are in the page cache (just
     written), so this is the memory-bound case, where checking costs the most relative to I/O.
 
+(b), (c): see `benchmarks/elastic_rollout.py`.
+
 Results go to benchmarks/results/elastic.json, a dict keyed by part.
 """
 from __future__ import annotations
@@ -207,7 +209,26 @@ def part_a(args) -> dict:
           "cpus": os.cpu_count()}
 
 
-PARTS = {"a": part_a}
+def _b(args) -> dict:
+  from benchmarks.elastic_rollout import part_b  # pylint: disable=import-outside-toplevel
+  out = part_b(args)
+  print(f"\n(b) one preemption of 2 Ray workers: generation-phase overhead, token migration vs "
+        f"restart-from-prompt (undisturbed {out['undisturbed_s']:.2f} s, median of "
+        f"{args.repeats})")
+  out["table"] = print_table(out["rows"])
+  return out
+
+
+def _c(args) -> dict:
+  from benchmarks.elastic_rollout import part_c  # pylint: disable=import-outside-toplevel
+  out = part_c(args)
+  print(f"\n(c) rollout throughput, {args.c_requests} requests x {args.c_max_new} tokens "
+        f"(median of {args.repeats})")
+  out["table"] = print_table(out["rows"])
+  return out
+
+
+PARTS = {"a": part_a, "b": _b, "c": _c}
 
 
 def main() -> None:
@@ -215,9 +236,14 @@ def main() -> None:
   ap.add_argument("--part", choices=sorted(PARTS), action="append",
                   help="part(s) to run (repeatable); default: all")
   ap.add_argument("--sizes_mb", default="4,16,64,256", help="(a) weight sizes, MB")
-  ap.add_argument("--repeats", type=int, default=3, help="(a) fresh readers per size (median)")
+  ap.add_argument("--repeats", type=int, default=3,
+                  help="repeats per measurement (median): fresh readers (a), trials (b, c)")
   ap.add_argument("--skip_ray", action="store_true", help="(a) tensorstore only")
   ap.add_argument("--tmp_dir", default=None, help="(a) directory for the tensorstore store")
+  ap.add_argument("--b_requests", type=int, default=32, help="(b) requests in the batch")
+  ap.add_argument("--b_max_new", type=int, default=96, help="(b) tokens per response")
+  ap.add_argument("--c_requests", type=int, default=64, help="(c) requests in the batch")
+  ap.add_argument("--c_max_new", type=int, default=64, help="(c) tokens per response")
   args = ap.parse_args()
   path = os.path.join(RESULTS_DIR, "elastic.json")
   results = {}

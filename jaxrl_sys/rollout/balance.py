@@ -121,14 +121,13 @@ def plateau_batch(profile: np.ndarray, frac: float = 0.9, min_tokens: int = 1) -
   if len(profile) == 0:
     return None
   batch = profile[:, 0].astype(np.int64)
-  sizes = np.unique(batch[batch > 0])
-  thr = {}
-  for b in sizes:
-    rows = profile[batch == b]
-    toks, secs = rows[:, 1].sum(), rows[:, 2].sum()
-    if toks >= min_tokens and secs > 0:
-      thr[int(b)] = toks / secs
-  if len(thr) < 2:
+  live = batch > 0
+  # Per batch size: total tokens and seconds (one vectorised pass; this runs at every tick).
+  sizes, inv = np.unique(batch[live], return_inverse=True)
+  toks = np.bincount(inv, weights=profile[live, 1], minlength=len(sizes))
+  secs = np.bincount(inv, weights=profile[live, 2], minlength=len(sizes))
+  ok = (toks >= min_tokens) & (secs > 0)
+  if int(ok.sum()) < 2:
     return None
-  best = max(thr.values())
-  return min(b for b, t in thr.items() if t >= frac * best)
+  thr = toks[ok] / secs[ok]
+  return int(sizes[ok][thr >= frac * thr.max()].min())

@@ -42,6 +42,7 @@ class ManagerCore:
     self._provenance: dict[int, list[tuple[str, int, int]]] = {}
     self._in_use: frozenset[int] = frozenset()
     self._open = 0  # unfinished requests
+    self._moves: dict[int, tuple[str, str]] = {}  # balancer moves in flight: id -> (donor, target)
     self.worker_cap: int | None = None  # remote workers wanted (the controller's N_prem)
     self.busy_of_gone: dict[str, tuple[float, float, bool]] = {}  # lost / retired workers
     self._remote_seconds = 0.0  # integral of the remote-worker count over time
@@ -154,6 +155,8 @@ class ManagerCore:
       if st is None or st.done or st.owner != worker_id or st.moving:
         continue
       st.moving, st.target = True, target
+      if target is not None:
+        self._moves[rid] = (worker_id, target)
       self._abort_on_owner(st)
       n += 1
     return n
@@ -347,7 +350,7 @@ class ManagerCore:
     """The routing view of every worker (join order)."""
     out = []
     for wid, ws in self.workers.items():
-      running = sum(1 for r in ws.assigned if r in ws.running)
+      running = len(ws.running.intersection(ws.assigned))
       out.append(balance.WorkerLoad(
           wid, ws.version, running, len(ws.assigned) - running, ws.num_slots, ws.accepting(),
           self.config.plateau_batch or ws.plateau(self.config.plateau_frac)))
@@ -395,10 +398,33 @@ class ManagerCore:
     self.queue = left
     return sent
 
+  def _settled_loads(self) -> list[balance.WorkerLoad]:
+    """The routing view with the balancer's moves in flight settled: a request being moved
+    counts at its target (pending), no longer at its donor. The balancer runs at every tick, long
+    before a donor acknowledges an abort; without this it would move again what is on its way."""
+    loads = self.loads()
+    gone: collections.Counter = collections.Counter()
+    gone_running: collections.Counter = collections.Counter()
+    coming: collections.Counter = collections.Counter()
+    for rid, (donor, target) in list(self._moves.items()):
+      st = self.requests.get(rid)
+      if st is None or not st.moving or st.owner != donor or donor not in self.workers:
+        del self._moves[rid]
+        continue
+      running = rid in self.workers[donor].running
+      gone[donor] += not running
+      gone_running[donor] += running
+      coming[target] += 1
+    if not coming:
+      return loads
+    return [dataclasses.replace(w, running=w.running - gone_running[w.worker_id],
+                                pending=w.pending - gone[w.worker_id] + coming[w.worker_id])
+            for w in loads]
+
   def _balance(self) -> bool:
     if self.queue:
       return False  # the queue feeds idle workers first
-    loads = self.loads()
+    loads = self._settled_loads()
     moved = False
     for donor, receiver, n in balance.pending_moves(loads):
       ws, version = self.workers[donor], self.workers[receiver].version

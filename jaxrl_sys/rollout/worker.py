@@ -201,10 +201,11 @@ class WorkerServer:
   def swap(self, version: int, params: Any, moe_state: Any, seconds: float) -> None:
     """Serves `version` from now on (creates the engine on the first call)."""
     if self.engine is None:
-      self.engine = Engine(self.model_config, params, self.engine_config, version=version,
-                           moe_state=moe_state)
+      engine = Engine(self.model_config, params, self.engine_config, version=version,
+                      moe_state=moe_state)
       if self._warmup:
-        self.engine.warmup()
+        engine.warmup()  # before the engine is visible: the worker reports a version only then
+      self.engine = engine
     elif version > self.engine.version:
       self.engine.set_weights(params, version, moe_state)
     self._pulls.append((int(version), float(seconds)))
