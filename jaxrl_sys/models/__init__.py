@@ -3,7 +3,8 @@
 Main entry points:
 - `ModelConfig`, `RopeConfig`, `MoEConfig`: frozen configs.
 - `init_params(config, key) -> params`; `param_axes(config)`: logical axes per parameter.
-- `forward(params, config, tokens [batch, seq], ...) -> ForwardOutput(hidden [batch, seq, D], cache, aux)`.
+- `forward(params, config, tokens [batch, seq], ...)
+  -> ForwardOutput(hidden [batch, seq, D], cache, aux)`.
 - `logits_from_hidden`, `unembedding`: the output projection (logits are optional so the fused
   logprob kernel can consume hidden states directly).
 - `KVCache`, `init_cache`: per-row incremental decoding state.

@@ -84,7 +84,8 @@ def dense_config_from_hf(cfg: dict, arch: str) -> ModelConfig:
       rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope=rope_from_hf(cfg),
       tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
       qk_norm=arch == "Qwen3ForCausalLM",
-      attention_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen3ForCausalLM" and bool(cfg.get("attention_bias"))),
+      attention_bias=arch == "Qwen2ForCausalLM" or (
+          arch == "Qwen3ForCausalLM" and bool(cfg.get("attention_bias"))),
       param_dtype=dtype, compute_dtype=dtype, architecture=arch,
       bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"))
 
@@ -106,7 +107,8 @@ def dense_config_to_hf(c: ModelConfig) -> dict:
   if c.bos_token_id is not None:
     out["bos_token_id"] = c.bos_token_id
   if c.eos_token_id is not None:
-    out["eos_token_id"] = list(c.eos_token_id) if isinstance(c.eos_token_id, tuple) else c.eos_token_id
+    eos = c.eos_token_id
+    out["eos_token_id"] = list(eos) if isinstance(eos, tuple) else eos
   return out
 
 
@@ -136,7 +138,8 @@ class _Taker:
     return rest
 
 
-def attention_to_params(t: _Taker, c: ModelConfig, prefix: str = "model.layers.{}.self_attn.") -> dict:
+def attention_to_params(t: _Taker, c: ModelConfig,
+                        prefix: str = "model.layers.{}.self_attn.") -> dict:
   L, D, Hq, Hkv, Dh = c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
   a = {"wq": t.stack(prefix + "q_proj.weight", L, lambda w: w.T.reshape(D, Hq, Dh)),
        "wk": t.stack(prefix + "k_proj.weight", L, lambda w: w.T.reshape(D, Hkv, Dh)),
@@ -147,11 +150,13 @@ def attention_to_params(t: _Taker, c: ModelConfig, prefix: str = "model.layers.{
              bk=t.stack(prefix + "k_proj.bias", L, lambda w: w.reshape(Hkv, Dh)),
              bv=t.stack(prefix + "v_proj.bias", L, lambda w: w.reshape(Hkv, Dh)))
   if c.qk_norm:
-    a.update(q_norm=t.stack(prefix + "q_norm.weight", L), k_norm=t.stack(prefix + "k_norm.weight", L))
+    a.update(q_norm=t.stack(prefix + "q_norm.weight", L),
+             k_norm=t.stack(prefix + "k_norm.weight", L))
   return a
 
 
-def attention_from_params(a: dict, c: ModelConfig, prefix: str = "model.layers.{}.self_attn.") -> dict:
+def attention_from_params(a: dict, c: ModelConfig,
+                          prefix: str = "model.layers.{}.self_attn.") -> dict:
   """HF attention tensors. Qwen2 always has q/k/v biases in HF: a bias-free config exports
   zero biases (which import back as `attention_bias=True` with zeros, the same function)."""
   D = c.hidden_size

@@ -261,7 +261,8 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
 def last_valid_index(mask) -> jax.Array:
   """Index of the last real token per row of `mask [batch, seq]` -> `[batch]` int32."""
   t = mask.shape[1]
-  return (jnp.max(jnp.where(mask > 0, jnp.arange(1, t + 1)[None, :], 0), axis=1) - 1).astype(jnp.int32)
+  last = jnp.max(jnp.where(mask > 0, jnp.arange(1, t + 1)[None, :], 0), axis=1) - 1
+  return last.astype(jnp.int32)
 
 
 def num_params(params: Params) -> int:

@@ -6,8 +6,8 @@ A group is the S samples of one prompt; its id is the prompt's data index (so th
 
 Between train steps the buffer holds complete groups not yet trained on, finished samples of
 incomplete groups, and the partial state of aborted requests (prompt + tokens so far, with their
-log-probs and weight versions). `to_json` / `from_json` write it as plain JSON (`rollout.wire`: arrays
-as base64 of little-endian bytes with dtype and shape; exact, no pickles).
+log-probs and weight versions). `to_json` / `from_json` write it as plain JSON (`rollout.wire`:
+arrays as base64 of little-endian bytes with dtype and shape; exact, no pickles).
 """
 from __future__ import annotations
 

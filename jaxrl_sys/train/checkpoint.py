@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import orbax.checkpoint as ocp

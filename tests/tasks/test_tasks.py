@@ -37,7 +37,8 @@ def test_countdown_reference_answers_score_one_and_cheats_zero():
   for i in range(100):
     p = t.problem(i)
     assert t.reward(p, p.answer) == 1.0
-    assert t.reward(p, str(p.meta["target"])) in (0.0, 1.0)  # only 1 if the target is a given number
+    # only 1 if the target is a given number
+    assert t.reward(p, str(p.meta["target"])) in (0.0, 1.0)
     assert t.reward(p, "1+(") == 0.0
   p = tasks.Problem("2 3 4:14=", "", {"numbers": [2, 3, 4], "target": 14})
   assert t.reward(p, "2+3*4") == 1.0
