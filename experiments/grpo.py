@@ -12,7 +12,6 @@ from argv before JAX initialises (XLA_FLAGS=--xla_force_host_platform_device_cou
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 
@@ -24,11 +23,13 @@ def _early_mesh_size(argv: list[str]) -> int | None:
       value = a.split("=", 1)[1]
     elif a == "--mesh" and i + 1 < len(argv):
       value = argv[i + 1]
-    if value is not None and re.fullmatch(r"\s*[1-9]\d*(\s*x\s*[1-9]\d*)*\s*", value):
-      size = 1
-      for p in value.replace(" ", "").split("x"):
-        size *= int(p)
-      return size
+    if value is not None:
+      # Importing jax does not start its backend, so XLA_FLAGS can still be set afterwards.
+      from jaxrl_sys.sharding.mesh import parse_mesh  # pylint: disable=import-outside-toplevel
+      try:
+        return parse_mesh(value).size
+      except ValueError:
+        return None
   return None
 
 
