@@ -32,7 +32,7 @@ import logging
 import math
 import signal
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +48,7 @@ from jaxrl_sys.train.buffer import Group, RolloutBuffer
 from jaxrl_sys.train.checkpoint import Checkpointer
 from jaxrl_sys.train.config import CheckpointConfig, LoopConfig, TrainConfig
 from jaxrl_sys.train.groups import group_requests, score_groups
+from jaxrl_sys.train.guard import DivergenceGuard
 from jaxrl_sys.train.metrics_log import (MetricsLogger, Progress, peak_flops,
                                          train_flops_per_token)
 from jaxrl_sys.train.optim import make_optimizer, make_schedule
@@ -158,11 +159,13 @@ class RLLoop:
     checkpoint: checkpoint config (directory None = no checkpoints).
     resume: restore the newest usable checkpoint when there is one.
     out_dir: metrics (JSONL, TensorBoard) directory, or None.
-    progress: show the stderr progress line.
+    progress: show the stderr progress bar (bool), or a `metrics_log.Progress` to use.
     rules: logical-axis rules.
     warmup_engine: compile every prefill / decode variant of the default in-process engine
       before the first step (no compilation stalls mid-run; slower start).
     clock: the time source of the loop's timings and stall detection (`rollout.clock`).
+    step_hooks: callables `hook(step, state, row)` run after each step, before its metrics
+      row is logged; they may add entries to `row` (e.g. periodic evaluation).
   """
 
   def __init__(self, model_config: ModelConfig, train_config: TrainConfig, loop_config: LoopConfig,
@@ -170,7 +173,8 @@ class RLLoop:
                init_params: Callable[[], Any] | None = None, client: RolloutClient | None = None,
                engine_config=None, checkpoint: CheckpointConfig = CheckpointConfig(),
                resume: bool = False, out_dir: str | None = None, progress: bool = False,
-               rules: Rules = DEFAULT_RULES, warmup_engine: bool = False, clock: Clock = WALL):
+               rules: Rules = DEFAULT_RULES, warmup_engine: bool = False, clock: Clock = WALL,
+               step_hooks: Sequence[Callable[[int, TrainState, dict], None]] = ()):
     check_lengths(model_config, loop_config)
     if abs(train_config.temperature - loop_config.temperature) > 0:
       raise ValueError(f"TrainConfig.temperature={train_config.temperature} must equal the "
@@ -195,7 +199,10 @@ class RLLoop:
     self.ckpt = Checkpointer(checkpoint) if checkpoint.directory else None
     self.ckpt_cfg, self.resume = checkpoint, resume
     self.logger = MetricsLogger(out_dir)
-    self.progress = Progress(loop_config.steps, progress)
+    self.progress = (progress if isinstance(progress, Progress)
+                     else Progress(loop_config.steps, bool(progress)))
+    self.step_hooks = tuple(step_hooks)
+    self.guard = DivergenceGuard("skip" if train_config.optim.skip_nonfinite else "stop")
     self._stop = threading.Event()
     self.flops_per_token = train_flops_per_token(model_config, loop_config.seq_len,
                                                  reference=train_config.uses_reference)
@@ -215,8 +222,14 @@ class RLLoop:
         if host.get("samples_per_group") not in (None, self.samples):
           raise ValueError(f"checkpoint has {host['samples_per_group']} samples per group, this "
                            f"run {self.samples}; resume with the same --group_size / --algo")
-        log.info("resumed from step %d (%s)", got.step, self.ckpt.directory)
+        for note in got.skipped:
+          self.progress.message(f"warning: {note}")
+        self.progress.message(f"resumed from step {got.step} ({self.ckpt.directory})")
         return got.state, host, got.step
+      self.progress.message(f"nothing to resume: {self.ckpt.directory} holds no checkpoint; "
+                            "starting a fresh run")
+    elif self.resume:
+      self.progress.message("nothing to resume: no checkpoint directory; starting a fresh run")
     if self.ckpt is not None and not self.resume and self.ckpt.all_steps():
       raise ValueError(
           f"checkpoint directory {self.ckpt.directory} already holds checkpoints (steps "
@@ -354,6 +367,7 @@ class RLLoop:
     self.client = client
     self._last_progress = self.clock.now()
     counters = _client_counters(client)
+    self.progress.phase("compiling... (first step)")
     history, preempted = [], False
     try:
       while step < self.lc.steps:
@@ -373,9 +387,12 @@ class RLLoop:
         counters = now_counters
         row["groups_buffered"] = len(buffer.groups)
         row["group_ids"] = [g.group_id for g in taken]
+        for hook in self.step_hooks:
+          hook(step, state, row)
         history.append(row)
         self.logger.log(step, row)
         self.progress.update(step, row, newline=step % max(self.lc.log_every, 1) == 0)
+        self.guard.check(step, row, self.ckpt)  # raises before a diverged state is saved
         stop = self._stop.is_set()
         if self.ckpt is not None and (stop or step == self.lc.steps or (
             self.ckpt_cfg.save_every and step % self.ckpt_cfg.save_every == 0)):
