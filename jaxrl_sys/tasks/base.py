@@ -72,6 +72,8 @@ def score_completions(task: Task, problems: Sequence[Problem], texts: Sequence[s
   for i, (p, t) in enumerate(zip(problems, texts)):
     try:
       value = task.reward(p, t)
+    except NonFiniteRewardError:
+      raise
     except Exception as e:  # pylint: disable=broad-except
       errors.append(RewardError(i, p.prompt, f"{type(e).__name__}: {e}"))
       continue

@@ -1,11 +1,11 @@
 """Divergence guard: a non-finite loss or gradient never passes silently.
 
-The loop calls `DivergenceGuard.check` on each step's metrics before anything is checkpointed.
-Default policy "stop": raise `DivergenceError` (the state of that step is not saved, so the
-newest checkpoint is the last good one). Policy "skip" (`OptimConfig.skip_nonfinite`, where the
-optimizer itself drops updates whose gradient is not finite, `optax.apply_if_finite`): the step
-is recorded as skipped (`update_skipped` metric) and the run stops only after `max_skips`
-consecutive skips.
+The loop calls `DivergenceGuard.check` on each step's metrics, logs them, and raises the error
+it returns before anything is checkpointed. Default policy "stop": a `DivergenceError` (the
+state of that step is not saved, so the newest checkpoint is the last good one). Policy "skip"
+(`OptimConfig.skip_nonfinite`, where the optimizer itself drops updates whose gradient is not
+finite, `optax.apply_if_finite`): the step is recorded as skipped (`update_skipped` metric) and
+the run stops only after `max_skips` consecutive skips.
 """
 from __future__ import annotations
 
@@ -59,9 +59,9 @@ class DivergenceGuard:
     self.consecutive = 0
     self.total_skipped = 0
 
-  def check(self, step: int, metrics: dict, checkpointer=None) -> None:
-    """Raises `DivergenceError` for a non-finite step (policy "stop", or too many skips);
-    with "skip", sets `metrics["update_skipped"]` to 1.0 or 0.0.
+  def check(self, step: int, metrics: dict, checkpointer=None) -> DivergenceError | None:
+    """The `DivergenceError` to raise for a non-finite step (policy "stop", or too many
+    skips), else None; with "skip", sets `metrics["update_skipped"]` to 1.0 or 0.0.
 
     Args:
       step: the step just run (1-based).
@@ -73,13 +73,13 @@ class DivergenceGuard:
       metrics["update_skipped"] = float(bool(bad))
       if not bad:
         self.consecutive = 0
-        return
+        return None
       self.consecutive += 1
       self.total_skipped += 1
       if self.consecutive < self.max_skips:
-        return
+        return None
     if not bad:
-      return
+      return None
     last = None
     if checkpointer is not None:
       checkpointer.wait()
@@ -89,7 +89,7 @@ class DivergenceGuard:
              if last is not None else "no checkpoint was saved")
     what = (f"{self.consecutive} consecutive updates skipped" if self.policy == "skip"
             else "the update was not checkpointed")
-    raise DivergenceError(
+    return DivergenceError(
         f"training diverged at step {step}: {values} ({what}); {where}. Lower "
         "--learning_rate (or raise --lr_warmup_steps), or pass --skip_nonfinite to drop "
         "non-finite updates instead of stopping.", step, bad, last)

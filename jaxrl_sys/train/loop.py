@@ -389,10 +389,12 @@ class RLLoop:
         row["group_ids"] = [g.group_id for g in taken]
         for hook in self.step_hooks:
           hook(step, state, row)
+        diverged = self.guard.check(step, row, self.ckpt)
         history.append(row)
         self.logger.log(step, row)
         self.progress.update(step, row, newline=step % max(self.lc.log_every, 1) == 0)
-        self.guard.check(step, row, self.ckpt)  # raises before a diverged state is saved
+        if diverged is not None:  # logged, never checkpointed
+          raise diverged
         stop = self._stop.is_set()
         if self.ckpt is not None and (stop or step == self.lc.steps or (
             self.ckpt_cfg.save_every and step % self.ckpt_cfg.save_every == 0)):
