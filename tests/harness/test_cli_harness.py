@@ -114,7 +114,7 @@ def test_divergence_exits_nonzero_and_never_done(tmp_path):
     (["--checkpoint_dir={file}"], "is a file, not a directory"),
     (["--model={empty}"], "not a usable Hugging Face model"),
     (["--task=jsonl:{file}"], "not a JSON object"),
-    (["--config={file}"], "expected a mapping"),
+    (["--config={file}"], "cannot parse it"),
     (["--resume"], "--resume needs the run to continue"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, args, message):
