@@ -142,6 +142,27 @@ flags.DEFINE_string("config", None, "YAML or JSON file of flag values (keys = fl
                     "flags on the command line win. A run's config.json repeats it.")
 flags.DEFINE_bool("progress", True, "Show the progress bar on stderr.")
 flags.DEFINE_string("compile_cache", ".jax_cache", "Persistent compilation cache ('' = off).")
+flags.DEFINE_enum("rollout", _RC.rollout, ["local", "ray"],
+                  "Where rollout runs: in-process on the trainer's devices, or Ray workers.")
+flags.DEFINE_integer("num_workers", _RC.num_workers, "Ray rollout workers (--rollout=ray).")
+flags.DEFINE_string("ray_address", None, "Ray cluster address (default: start a local Ray).")
+flags.DEFINE_string("weight_store", None,
+                    "memory | ray | tensorstore:PATH_OR_URL (default: memory for local rollout, "
+                    "ray for Ray workers).")
+flags.DEFINE_string("preempt_trace", None,
+                    "Spot trace (Bamboo CSV / Parcae JSONL) that starts and SIGKILLs Ray workers.")
+flags.DEFINE_float("trace_time_scale", _RC.trace_time_scale,
+                   "Host seconds per trace second (1/60: a trace minute per second).")
+flags.DEFINE_float("chaos_kill_every", _RC.chaos_kill_every,
+                   "Mean seconds between random SIGKILLs of a Ray worker (0 = off).")
+flags.DEFINE_float("chaos_restart_after", _RC.chaos_restart_after,
+                   "Seconds before a chaos-killed worker's slot restarts.")
+flags.DEFINE_string("offload", _RC.offload,
+                    "Rollout offload with Ray workers: off | adaptive (RLBoost seeding: the "
+                    "trainer generates for T_seed, then hands off) | a fixed T_seed in seconds.")
+flags.DEFINE_float("t_seed_init", _RC.t_seed_init, "First seeding window (adaptive offload).")
+flags.DEFINE_float("worker_token_delay", _RC.worker_token_delay,
+                   "Seconds each Ray worker sleeps per token (slow workers, for experiments).")
 
 
 def apply_config_file(path: str) -> None:
@@ -193,7 +214,7 @@ def main(argv):
   except DivergenceError as e:
     print(f"error: {e}", file=sys.stderr)
     return 3
-  except ValueError as e:
+  except (ValueError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   last = result.history[-1] if result.history else {}

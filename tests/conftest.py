@@ -15,3 +15,29 @@ _CACHE = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
+  """Keeps each test file on one xdist worker (`--dist loadgroup`), as `loadfile` would, while
+  files marked `xdist_group("ray")` share one worker and so one Ray instance."""
+  for item in items:
+    if item.get_closest_marker("xdist_group") is None:
+      item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+  """One local Ray instance for the whole session (workers inherit this process's XLA flags);
+  test files using it are marked `pytestmark = pytest.mark.xdist_group("ray")`."""
+  from jaxrl_sys.rollout.ray_worker import import_ray, init_ray  # pylint: disable=import-outside-toplevel
+  ray = import_ray()
+  init_ray(num_cpus=16, object_store_memory=256 * 2**20)
+  yield ray
+  ray.shutdown()
+
+
+RAY_COMPILE_CACHE = str(_CACHE)

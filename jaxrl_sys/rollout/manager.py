@@ -24,21 +24,14 @@ runs over an in-process engine, Ray actors, or the simulator's virtual workers.
 from __future__ import annotations
 
 import collections
-import dataclasses
-from typing import Any, Callable, Iterable, Sequence
+from typing import Iterable
 
-from jaxrl_sys.rollout import balance
-from jaxrl_sys.rollout.clock import WALL, Clock
-from jaxrl_sys.rollout.manager_state import (ManagerConfig, ManagerStats, ReqState,
-                                             RequestFailedError, WorkerState)
-from jaxrl_sys.rollout.types import Completion, FinishReason, Request, TokenChunk
-from jaxrl_sys.rollout.weights import MemoryWeightStore, WeightStore
-from jaxrl_sys.rollout.worker import Worker, WorkerLost, WorkerReport
-
-TickHook = Callable[["RolloutManager", float], None]
+from jaxrl_sys.rollout.manager_core import ManagerCore
+from jaxrl_sys.rollout.types import Completion, Request
+from jaxrl_sys.rollout.worker import WorkerLost
 
 
-class RolloutManager:
+class RolloutManager(ManagerCore):
   """Routes requests over workers; implements `rollout.types.RolloutClient`.
 
   Args:
@@ -47,43 +40,6 @@ class RolloutManager:
     config: `ManagerConfig`.
     clock: time source (wall clock by default; a `ManualClock` in tests and the simulator).
   """
-
-  def __init__(self, workers: Sequence[Worker] = (), store: WeightStore | None = None,
-               config: ManagerConfig = ManagerConfig(), clock: Clock = WALL):
-    self.config, self.clock = config, clock
-    self.store = store if store is not None else MemoryWeightStore()
-    self.workers: dict[str, WorkerState] = {}
-    self.requests: dict[int, ReqState] = {}
-    self.queue: collections.deque[int] = collections.deque()
-    self.latest = -1
-    self.stats = ManagerStats()
-    self.events: list[tuple[float, str, str, str]] = []  # (time, kind, worker, detail)
-    self._done: list[Completion] = []
-    self._failed: list[RequestFailedError] = []
-    self._hooks: list[TickHook] = []
-    self._provenance: dict[int, list[tuple[str, int, int]]] = {}
-    self._in_use: frozenset[int] = frozenset()
-    self._open = 0  # unfinished requests
-    for w in workers:
-      self.add_worker(w)
-
-  # ----- RolloutClient -------------------------------------------------------------------------
-  def submit(self, requests: Sequence[Request]) -> None:
-    """Queues fresh or partial requests (dispatched at the next round)."""
-    batch = list(requests)
-    ids = [r.request_id for r in batch]
-    if len(set(ids)) != len(ids):
-      raise ValueError(f"duplicate request ids in one submit: {sorted(ids)}")
-    for r in batch:
-      if r.request_id in self.requests:
-        raise ValueError(f"request {r.request_id} is already in flight in the rollout manager")
-    now = self.clock.now()
-    for r in batch:
-      self.requests[r.request_id] = ReqState(dataclasses.replace(r), submitted_at=now)
-      self._provenance[r.request_id] = []
-      self.queue.append(r.request_id)
-    self._open += len(batch)
-    self.stats.submitted += len(batch)
 
   def poll(self, min_count: int = 0, timeout: float | None = None) -> list[Completion]:
     """Completions finished since the last call, driving the workers as needed.
@@ -138,9 +94,12 @@ class RolloutManager:
     deadline = self.clock.now() + self.config.heartbeat_timeout + self.config.startup_timeout
     while any(self.requests[r].owner is not None for r in want
               if r in self.requests and self.requests[r].aborting):
-      if not self.round() and self.clock.now() > deadline:
-        raise RuntimeError(f"abort: no acknowledgement within {deadline} s from workers "
-                           f"{sorted({self.requests[r].owner for r in want if r in self.requests})}")
+      if self.round():
+        continue
+      if self.clock.now() > deadline:
+        owners = sorted({str(self.requests[r].owner) for r in want if r in self.requests})
+        raise RuntimeError(f"abort: no acknowledgement from workers {owners}")
+      self._wait(self.config.poll_interval)
     for rid in want:
       st = self.requests.get(rid)
       if st is not None and st.aborting and not st.done:
@@ -150,119 +109,17 @@ class RolloutManager:
     self.stats.aborted += len(out)
     return sorted(out, key=lambda r: r.request_id)
 
-  def publish_weights(self, params: Any, version: int, moe_state: Any = None) -> None:
-    """Publishes `version` to the store; each worker pulls it at its next exchange (once the
-    store has committed it) and serves it from then on."""
-    self.store.publish(int(version), params, moe_state)
-    self.latest = int(version)
-    self.events.append((self.clock.now(), "publish", "", str(version)))
-
   def num_pending(self) -> int:
     """Requests submitted and not yet returned by `poll()` or `abort()`."""
     return len(self.requests)
 
-  # ----- membership ----------------------------------------------------------------------------
-  def add_worker(self, worker: Worker) -> None:
-    """A worker joins: it is told to pull the newest committed version at its first exchange
-    and receives work once it serves a version the requests allow."""
-    if worker.worker_id in self.workers:
-      raise ValueError(f"worker {worker.worker_id} is already registered")
-    self.workers[worker.worker_id] = WorkerState(worker, joined_at=self.clock.now())
-    self.stats.joined += 1
-    self.events.append((self.clock.now(), "join", worker.worker_id, ""))
+  def close(self) -> None:
+    """Ends every worker and closes the weight store (waiting for pending writes)."""
+    for ws in list(self.workers.values()):
+      ws.worker.kill()
+    self.workers.clear()
+    self.store.close()
 
-  def on_lost(self, worker_id: str, reason: str) -> None:
-    """A worker is gone: kill it (no zombies) and migrate every request it held."""
-    ws = self.workers.pop(worker_id, None)
-    if ws is None:
-      return
-    ws.worker.kill()
-    self.stats.lost += 1
-    moved = list(ws.assigned)
-    self.events.append((self.clock.now(), "lost", worker_id, f"{reason}; {len(moved)} migrated"))
-    for rid in reversed(moved):
-      st = self.requests[rid]
-      st.owner, st.target, st.moving = None, None, False
-      if st.aborting:
-        continue  # abort() collects it
-      st.attempts += 1
-      if st.attempts > self.config.max_attempts:
-        self._failed.append(RequestFailedError(
-            f"request {rid} failed: its worker was lost {st.attempts} times (last: {worker_id}: "
-            f"{reason}); raise ManagerConfig.max_attempts or check the workers"))
-        continue
-      self.queue.appendleft(rid)
-      self.stats.migrated += 1
-      self.stats.tokens_kept += st.request.num_generated
-    self._update_gc()
-
-  def remove_worker(self, worker_id: str, reason: str = "removed") -> None:
-    """Kills a worker now (e.g. a preemption from a trace): same as a loss."""
-    self.on_lost(worker_id, reason)
-
-  def retire_worker(self, worker_id: str) -> None:
-    """Graceful removal: stop sending work, abort its requests (re-queued with every token kept,
-    no attempt counted) and drop it once all are acknowledged."""
-    ws = self.workers[worker_id]
-    ws.retiring = True
-    self.evacuate(worker_id)
-
-  def evacuate(self, worker_id: str, request_ids: Iterable[int] | None = None,
-               target: str | None = None) -> int:
-    """Moves requests off a live worker (all when None): abort there, re-queue on the
-    acknowledgement (towards `target` if given). Returns how many were asked to move."""
-    ws = self.workers[worker_id]
-    ids = list(ws.assigned) if request_ids is None else [int(i) for i in request_ids]
-    n = 0
-    for rid in ids:
-      st = self.requests.get(rid)
-      if st is None or st.done or st.owner != worker_id or st.moving:
-        continue
-      st.moving, st.target = True, target
-      self._abort_on_owner(st)
-      n += 1
-    return n
-
-  def set_accepting(self, worker_id: str, accepting: bool) -> None:
-    """Enables / disables dispatch to a worker (e.g. the trainer's seeding engines)."""
-    self.workers[worker_id].disabled = not accepting
-
-  def add_tick_hook(self, hook: TickHook) -> None:
-    """`hook(manager, now)` runs at every tick (trace players, autoscalers, controllers)."""
-    self._hooks.append(hook)
-
-  # ----- observation ---------------------------------------------------------------------------
-  def metrics(self) -> dict:
-    """Cumulative counters (`ManagerStats`) plus gauges: live workers, version lag (newest
-    published version minus the oldest one a live worker serves), weight pulls."""
-    out = self.stats.counters()
-    versions = [ws.version for ws in self.workers.values() if ws.version >= 0]
-    pulls = self.stats.pull_seconds
-    out.update(live_workers=len(self.workers), pulls=len(pulls), pull_seconds=float(sum(pulls)),
-               version_lag=(self.latest - min(versions)) if versions and self.latest >= 0 else 0)
-    return out
-
-  def describe(self) -> str:
-    """A one-paragraph account of the rollout state (for stall errors)."""
-    ws = ", ".join(f"{w.worker_id}: v{w.version} holds {len(w.assigned)}"
-                   f"{' (retiring)' if w.retiring else ''}" for w in self.workers.values())
-    gated = sorted({self.requests[r].request.min_version for r in self.queue})
-    return (f"{len(self.workers)} live workers [{ws}]; {len(self.queue)} requests queued "
-            f"(min_version {gated}); newest weight version {self.latest}; last events: "
-            f"{self.events[-5:]}")
-
-  # ----- checkpoint ----------------------------------------------------------------------------
-  def snapshot(self) -> list[Request]:
-    """Copies of every unfinished request's token state (id order), without stopping anything:
-    a checkpoint of the in-flight rollout; resubmitting them resumes exactly."""
-    return [dataclasses.replace(st.request) for rid, st in sorted(self.requests.items())
-            if not st.done]
-
-  def provenance(self, request_id: int) -> list[tuple[str, int, int]]:
-    """`(worker_id, start, end)` token ranges of a request, in the order they were produced."""
-    return list(self._provenance.get(request_id, ()))
-
-  # ----- events --------------------------------------------------------------------------------
   def round(self) -> bool:
     """One exchange round: send each idle worker its queued commands, take ready reports, then
     tick. Returns True when something happened (a report with news, a loss)."""
@@ -285,132 +142,6 @@ class RolloutManager:
     progressed |= self.tick()
     return progressed
 
-  def on_report(self, rep: WorkerReport) -> bool:
-    """Applies one worker report; returns True when it carried news. Reports of unknown
-    (lost) workers are ignored."""
-    ws = self.workers.get(rep.worker_id)
-    if ws is None:
-      self.stats.ignored_reports += 1
-      return False
-    now = self.clock.now()
-    if rep.fatal:
-      for c in rep.chunks:  # tokens produced before the failure are kept
-        self._on_chunk(ws, c)
-      self.on_lost(rep.worker_id, f"worker failed: {rep.fatal}")
-      return True
-    first = ws.version < 0 and rep.version >= 0
-    ws.observe(rep, now, self.config.profile_window)
-    if first:
-      self.events.append((now, "ready", rep.worker_id, str(rep.version)))
-    for version, seconds in rep.pulls:
-      ws.failed_pulls = 0
-      self.stats.pull_seconds.append(seconds)
-      self.events.append((now, "pulled", rep.worker_id, f"v{version} in {seconds:.3f}s"))
-    for version, message in rep.failed_pulls:
-      ws.failed_pulls += 1
-      self.events.append((now, "pull_failed", rep.worker_id, f"v{version}: {message}"))
-      if ws.failed_pulls > self.config.max_pull_failures:
-        self.on_lost(rep.worker_id, f"weight pull of v{version} failed {ws.failed_pulls} times: "
-                     f"{message}")
-        return True
-      ws.pull_sent = min(ws.pull_sent, ws.version)  # pull again at the next tick
-    for rid, message in rep.rejected:
-      st = self.requests.get(rid)
-      if st is not None and st.owner == rep.worker_id:
-        ws.assigned.pop(rid, None)
-        self._failed.append(RequestFailedError(
-            f"request {rid} was rejected by worker {rep.worker_id}: {message}"))
-    for c in rep.chunks:
-      self._on_chunk(ws, c)
-    if first or rep.pulls:
-      self._update_gc()
-    return bool(rep.chunks or rep.pulls or rep.rejected or first)
-
-  def tick(self) -> bool:
-    """Hooks, heartbeats, weight pulls, dispatch and load balancing at the clock's time."""
-    now = self.clock.now()
-    for hook in self._hooks:
-      hook(self, now)
-    changed = False
-    for ws in list(self.workers.values()):
-      limit = self.config.heartbeat_timeout if ws.version >= 0 else self.config.startup_timeout
-      if ws.outstanding and now - ws.sent_at > limit:
-        self.on_lost(ws.worker_id, f"no report within {limit:.0f} s")
-        changed = True
-      elif ws.retiring and not ws.assigned and not ws.outstanding:
-        self.workers.pop(ws.worker_id)
-        self.events.append((now, "retired", ws.worker_id, ""))
-        self._update_gc()
-        changed = True
-    self._send_pulls()
-    changed |= self._dispatch()
-    if self.config.balance:
-      changed |= self._balance()
-    return changed
-
-  # ----- internals -----------------------------------------------------------------------------
-  def _on_chunk(self, ws: WorkerState, c: TokenChunk) -> None:
-    st = self.requests.get(c.request_id)
-    wid = ws.worker.worker_id
-    if st is None or st.done or st.owner != wid:
-      self.stats.ignored_chunks += 1
-      return
-    if c.finish == FinishReason.ABORTED:
-      if st.moving or st.aborting:
-        ws.assigned.pop(c.request_id, None)
-        self._acknowledged(st)
-      else:
-        self.stats.ignored_chunks += 1
-      return
-    if c.start != st.request.num_generated:
-      self.stats.ignored_chunks += 1
-      return
-    n = len(c.tokens)
-    if n:
-      st.request.extend(c.tokens, c.logprobs, c.version)
-      prov = self._provenance[c.request_id]
-      if prov and prov[-1][0] == wid and prov[-1][2] == c.start:
-        prov[-1] = (wid, prov[-1][1], c.start + n)
-      else:
-        prov.append((wid, c.start, c.start + n))
-      self.stats.tokens += n
-    if c.finish is not None:
-      ws.assigned.pop(c.request_id, None)
-      self._complete(st, c.finish)
-
-  def _complete(self, st: ReqState, finish: FinishReason) -> None:
-    st.done, st.owner, st.moving = True, None, False
-    self._open -= 1
-    self._done.append(Completion(st.request, finish))
-    self.stats.completed += 1
-
-  def _drop(self, rid: int) -> Request:
-    st = self.requests.pop(rid)
-    if not st.done:
-      self._open -= 1
-    if rid in self.queue:
-      self.queue.remove(rid)
-    return st.request
-
-  def _abort_on_owner(self, st: ReqState) -> None:
-    """Asks the owner to stop `st`; a submit still unsent is simply withdrawn."""
-    rid = st.request.request_id
-    ws = self.workers.get(st.owner) if st.owner is not None else None
-    if ws is not None and not ws.unsend(rid):
-      ws.commands.abort.append(rid)
-      return
-    if ws is not None:
-      ws.assigned.pop(rid, None)
-    self._acknowledged(st)
-
-  def _acknowledged(self, st: ReqState) -> None:
-    """The owner let go of `st` (abort acknowledged): abort() collects it, a move re-queues it."""
-    st.owner = None
-    if st.moving and not st.aborting:
-      st.moving = False
-      self.queue.appendleft(st.request.request_id)
-      self.stats.balanced += 1
-
   def _wait(self, seconds: float) -> None:
     outstanding = [ws.worker for ws in self.workers.values() if ws.outstanding]
     if not outstanding:
@@ -426,76 +157,3 @@ class RolloutManager:
     if self._failed:
       err, self._failed = self._failed[0], []
       raise err
-
-  def loads(self) -> list[balance.WorkerLoad]:
-    """The routing view of every worker (join order)."""
-    out = []
-    for wid, ws in self.workers.items():
-      running = sum(1 for r in ws.assigned if r in ws.running)
-      out.append(balance.WorkerLoad(
-          wid, ws.version, running, len(ws.assigned) - running, ws.num_slots, ws.accepting(),
-          self.config.plateau_batch or ws.plateau(self.config.plateau_frac)))
-    return out
-
-  def _send_pulls(self) -> None:
-    if self.latest < 0:
-      return
-    for ws in self.workers.values():
-      if max(ws.version, ws.pull_sent) < self.latest:
-        ref = self.store.ref(self.latest)
-        if ref is None:
-          return  # not committed yet
-        ws.commands.load, ws.pull_sent = ref, self.latest
-
-  def _update_gc(self) -> None:
-    in_use = frozenset(v for ws in self.workers.values() for v in (ws.version, ws.pull_sent)
-                       if v >= 0)
-    if in_use != self._in_use:
-      self._in_use = in_use
-      self.store.gc(in_use)
-
-  def _dispatch(self) -> bool:
-    if not self.queue:
-      return False
-    loads = {w.worker_id: w for w in self.loads()}
-    theta, left, sent = self.config.theta, collections.deque(), False
-    while self.queue:
-      if not any(w.accepting and w.room(theta) > 0 for w in loads.values()):
-        left.extend(self.queue)
-        break
-      rid = self.queue.popleft()
-      st = self.requests[rid]
-      wid = balance.select_worker(list(loads.values()), st.request.min_version, theta, st.target)
-      if wid is None:
-        left.append(rid)
-        continue
-      ws = self.workers[wid]
-      ws.commands.submit.append(dataclasses.replace(st.request))
-      ws.assign(rid)
-      st.owner, st.target = wid, None
-      loads[wid] = dataclasses.replace(loads[wid], pending=loads[wid].pending + 1)
-      sent = True
-    self.queue = left
-    return sent
-
-  def _balance(self) -> bool:
-    if self.queue:
-      return False  # the queue feeds idle workers first
-    loads = self.loads()
-    moved = False
-    for donor, receiver, n in balance.pending_moves(loads):
-      ws, version = self.workers[donor], self.workers[receiver].version
-      pending = [r for r in ws.assigned if r not in ws.running and not self.requests[r].moving
-                 and self.requests[r].request.min_version <= version]
-      moved |= self.evacuate(donor, pending[-n:], target=receiver) > 0
-    if moved:
-      return True
-    move = balance.running_moves(loads, self.config.theta)
-    if move is None:
-      return False
-    donor, receiver, n = move
-    ws, rv = self.workers[donor], self.workers[receiver]
-    cands = sorted((r for r in ws.assigned if r in ws.running and not self.requests[r].moving
-                    and self.requests[r].request.min_version <= rv.version),
-                   key=lambda r: (self.requests[r].request.num_generated, r))
-    return self.evacuate(donor, cands[:n], target=receiver) > 0

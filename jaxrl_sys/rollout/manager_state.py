@@ -65,11 +65,13 @@ class ManagerConfig:
 class ManagerStats:
   """Cumulative counters. `migrated`: requests re-queued after a worker loss; `tokens_kept`:
   tokens those requests carried (decode work not redone); `balanced`: requests moved between
-  live workers by the balancer or an evacuation; `pull_seconds`: each completed weight pull."""
+  live workers by the balancer or an evacuation; `tokens_local`: tokens from workers on the
+  trainer's devices; `pull_seconds`: each completed weight pull."""
   submitted: int = 0
   completed: int = 0
   aborted: int = 0
   tokens: int = 0
+  tokens_local: int = 0
   migrated: int = 0
   tokens_kept: int = 0
   balanced: int = 0
@@ -126,6 +128,9 @@ class WorkerState:
     self.last_heard = joined_at
     self.pid = 0
     self.failed_pulls = 0
+    self.busy_since: float | None = None
+    self.busy_total = 0.0
+    self.last_done = joined_at
     self.retiring = False
     self.disabled = False
     self._profile: collections.deque = collections.deque()
@@ -147,8 +152,23 @@ class WorkerState:
     c, self.commands = self.commands, Commands()
     return c
 
-  def assign(self, request_id: int) -> None:
+  def assign(self, request_id: int, now: float) -> None:
+    if not self.assigned:
+      self.busy_since = now
     self.assigned[request_id] = None
+
+  def release(self, request_id: int, now: float) -> None:
+    """The worker no longer holds `request_id` (finished, acknowledged, withdrawn)."""
+    if self.assigned.pop(request_id, 0) is None and not self.assigned:
+      self.close_busy(now)
+
+  def close_busy(self, now: float) -> None:
+    if self.busy_since is not None:
+      self.busy_total += now - self.busy_since
+      self.busy_since = None
+
+  def busy_now(self, now: float) -> float:
+    return self.busy_total + (0.0 if self.busy_since is None else now - self.busy_since)
 
   def unsend(self, request_id: int) -> bool:
     """Removes a submit not yet sent; True if it was there."""

@@ -100,6 +100,11 @@ class WorkerActor:
   def pid(self) -> int:
     return os.getpid()
 
+  def stats(self) -> dict:
+    """The engine's counters (`EngineStats`), {} before the first weights."""
+    e = self.server.engine
+    return {} if e is None else e.stats.as_dict()
+
   def exchange(self, commands: Commands, max_wait: float) -> WorkerReport:
     """Queues `commands`; returns everything produced since the previous exchange, waiting up
     to `max_wait` seconds for something to report."""
@@ -244,6 +249,10 @@ class RayWorker:
     if self._pid is None:
       self._pid = int(import_ray().get(self.actor.pid.remote(), timeout=timeout))
     return self._pid
+
+  def stats(self, timeout: float = 60.0) -> dict:
+    """The actor's engine counters (`EngineStats.as_dict()`)."""
+    return import_ray().get(self.actor.stats.remote(), timeout=timeout)
 
   def kill(self) -> None:
     """Ends the actor (idempotent; errors of an already dead actor are ignored)."""

@@ -12,15 +12,39 @@ Two roles:
 Backends (see `make_weight_store`):
 - `MemoryWeightStore`: the embedded default; the trainer's device arrays themselves (zero
   copy), so only workers in the trainer's process can use it.
+- `rollout.ts_weights.TensorstoreWeightStore`: files under a directory or any tensorstore
+  kvstore URL (`file://`, `gs://`, `memory://`), for workers on other machines; a worker that
+  starts on its own finds the newest version with `ts_weights.open_latest(path)`.
+- `rollout.ray_weights.RayWeightStore`: the Ray object store (objects die with the trainer).
+
+Integrity: every array carries one zlib crc32 per `weights_io.CHUNK_BYTES` slice, computed once
+at publish and checked by every `fetch` (chunks are read and checked in parallel threads); a corrupt,
+truncated, missing or half-deleted version raises `CorruptWeightsError` and is never returned.
+
+Tensorstore layout of version v (a one-key write is atomic on every kvstore; many keys are not):
+`v{v}/a{i}` the raw little-endian bytes of leaf i of `(params, moe_state)` in flatten order, then
+`v{v}/manifest.json` (tree structure, leaf key paths, shapes, dtypes, checksums, total bytes),
+then the one key `LATEST` (`{"version", "nbytes", "manifest_crc32"}`). A reader goes LATEST ->
+manifest (checked against the crc32 it was committed with) -> arrays, so it never sees a
+half-written version; `gc` deletes a manifest before its arrays, so a concurrent reader fails
+cleanly.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Iterable, Protocol
 
 
+_log = logging.getLogger(__name__)
+
+
 class CorruptWeightsError(RuntimeError):
   """A published version failed its integrity check (checksum or manifest); never loaded."""
+
+
+class WeightPublishError(RuntimeError):
+  """A background publish failed; the version was never committed (raised by `wait`)."""
 
 
 class WeightRef(Protocol):
@@ -51,6 +75,9 @@ class WeightStore(Protocol):
 
   def gc(self, in_use: Iterable[int]) -> list[int]:
     """Drops committed versions older than the newest that are not in `in_use`."""
+
+  def check(self) -> None:
+    """Raises `WeightPublishError` if a background publish failed; never blocks."""
 
   def wait(self) -> None:
     """Blocks until every publish so far is committed (re-raises a failed write)."""
@@ -112,8 +139,26 @@ class MemoryWeightStore:
         del self._refs[v]
     return sorted(drop)
 
+  def check(self) -> None:
+    return
+
   def wait(self) -> None:
     return
 
   def close(self) -> None:
     return
+
+
+def make_weight_store(spec: str) -> WeightStore:
+  """A weight store from a flag value: "memory", "ray", or "tensorstore:PATH_OR_URL" (e.g.
+  "tensorstore:/scratch/run1/weights", "tensorstore:gs://bucket/run1/weights")."""
+  if spec == "memory":
+    return MemoryWeightStore()
+  if spec == "ray":
+    from jaxrl_sys.rollout import ray_weights  # pylint: disable=import-outside-toplevel
+    return ray_weights.RayWeightStore()
+  if spec.startswith("tensorstore:") and spec[len("tensorstore:"):]:
+    from jaxrl_sys.rollout.ts_weights import TensorstoreWeightStore  # pylint: disable=import-outside-toplevel
+    return TensorstoreWeightStore(spec[len("tensorstore:"):])
+  raise ValueError(f"unknown weight store {spec!r}: use 'memory', 'ray' or "
+                   "'tensorstore:PATH_OR_URL' (a directory, file://, gs:// or memory:// URL)")

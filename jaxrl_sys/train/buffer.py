@@ -56,6 +56,8 @@ class RolloutBuffer:
       gid, j = divmod(c.request_id, self.samples_per_group)
       if gid not in self.groups:
         raise KeyError(f"completion {c.request_id} belongs to no buffered group ({gid})")
+      if j in self.groups[gid].done:
+        raise RuntimeError(f"request {c.request_id} completed twice (group {gid}, sample {j})")
       self.groups[gid].done[j] = c
 
   def complete_groups(self) -> list[Group]:

@@ -40,6 +40,7 @@ import numpy as np
 
 from jaxrl_sys.models import ModelConfig, SamplingConfig
 from jaxrl_sys.rollout.clock import WALL, Clock
+from jaxrl_sys.rollout.offload import OffloadConfig, OffloadDriver, OffloadState
 from jaxrl_sys.rollout.types import RolloutClient
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules
 from jaxrl_sys.train import batch as batch_lib
@@ -164,6 +165,9 @@ class RLLoop:
     warmup_engine: compile every prefill / decode variant of the default in-process engine
       before the first step (no compilation stalls mid-run; slower start).
     clock: the time source of the loop's timings and stall detection (`rollout.clock`).
+    offload: adaptive rollout offload (`rollout.offload.OffloadConfig`): with a manager that
+      has local and remote workers, the local ones generate for T_seed at the start of each
+      step, then hand their requests to the remote ones; None = off.
     step_hooks: callables `hook(step, state, row)` run after each step, before its metrics
       row is logged; they may add entries to `row` (e.g. periodic evaluation).
   """
@@ -174,6 +178,7 @@ class RLLoop:
                engine_config=None, checkpoint: CheckpointConfig = CheckpointConfig(),
                resume: bool = False, out_dir: str | None = None, progress: bool = False,
                rules: Rules = DEFAULT_RULES, warmup_engine: bool = False, clock: Clock = WALL,
+               offload: OffloadConfig | None = None,
                step_hooks: Sequence[Callable[[int, TrainState, dict], None]] = ()):
     check_lengths(model_config, loop_config)
     if abs(train_config.temperature - loop_config.temperature) > 0:
@@ -194,6 +199,8 @@ class RLLoop:
     self._init_params, self._client, self._engine_config = init_params, client, engine_config
     self._warmup_engine = warmup_engine
     self.clock = clock
+    self.offload = offload
+    self.driver: OffloadDriver | None = None
     self.client: RolloutClient | None = None
     self._last_progress = 0.0
     self.ckpt = Checkpointer(checkpoint) if checkpoint.directory else None
@@ -245,8 +252,11 @@ class RLLoop:
     data = buffer.to_json()
     if client is not None and hasattr(client, "snapshot"):
       data["partials"] = data["partials"] + [request_to_json(r) for r in client.snapshot()]
-    return {"next_prompt": self.next_prompt, "accepted": self.accepted,
-            "samples_per_group": self.samples, "seed": self.lc.seed, "buffer": data}
+    out = {"next_prompt": self.next_prompt, "accepted": self.accepted,
+           "samples_per_group": self.samples, "seed": self.lc.seed, "buffer": data}
+    if self.driver is not None:
+      out["offload"] = self.driver.state.to_json()
+    return out
 
   # ----- rollout -----------------------------------------------------------------------------
   def _admit(self, client, buffer: RolloutBuffer, version: int) -> None:
@@ -286,6 +296,27 @@ class RLLoop:
           f"requests pending. {describe()}")
     buffer.record(got)
     return now - t0
+
+  def _seed(self, client, buffer: RolloutBuffer) -> float:
+    """The seeding window: the trainer's devices generate (with the remote workers) until
+    T_seed passes or the step's groups are complete, then hand their requests off. Returns the
+    window's length (0 when the step does not seed)."""
+    if self.driver is None:
+      return 0.0
+    self.driver.begin_step(client)
+    deadline, t0 = self.driver.deadline(), self.clock.now()
+    if deadline is None:
+      return 0.0
+    while len(buffer.complete_groups()) < self.lc.prompts_per_step:
+      left = deadline - self.clock.now()
+      if left <= 0:
+        break
+      got = client.poll(min_count=1, timeout=left)
+      if got:
+        self._last_progress = self.clock.now()
+      buffer.record(got)
+    self.driver.hand_off(client)
+    return self.clock.now() - t0
 
   # ----- one step ----------------------------------------------------------------------------
   def _train_step(self, state: TrainState, client, buffer: RolloutBuffer):
@@ -365,6 +396,11 @@ class RLLoop:
     else:
       _publish(client, state, step)
     self.client = client
+    if self.offload is not None and hasattr(client, "worker_times"):
+      saved = host.get("offload")
+      self.driver = OffloadDriver(self.offload,
+                                  None if saved is None else OffloadState.from_json(saved))
+      client.add_tick_hook(self.driver)
     self._last_progress = self.clock.now()
     counters = _client_counters(client)
     self.progress.phase("compiling... (first step)")
@@ -373,7 +409,10 @@ class RLLoop:
       while step < self.lc.steps:
         t_step = self.clock.now()
         self._admit(client, buffer, step)
+        t_seed = self._seed(client, buffer)
         state, metrics, taken, scored, t_roll, t_train = self._train_step(state, client, buffer)
+        offload_row = {} if self.driver is None else self.driver.end_step(client, t_roll, t_train)
+        t_roll += t_seed
         if self.lc.mode == "one_off":
           while client.num_pending():  # finish the next batch on the weights that started it
             t_roll += self._poll(client, buffer)
@@ -383,7 +422,7 @@ class RLLoop:
         row = self._metrics(metrics, scored, taken, t_roll, t_train, self.clock.now() - t_step,
                             step - 1)
         now_counters = _client_counters(client)
-        row.update(_rollout_metrics(counters, now_counters))
+        row.update(_rollout_metrics(counters, now_counters), **offload_row)
         counters = now_counters
         row["groups_buffered"] = len(buffer.groups)
         row["group_ids"] = [g.group_id for g in taken]

@@ -35,10 +35,11 @@ from jaxrl_sys.train.config import (ALGOS, CheckpointConfig, LoopConfig, OptimCo
 from jaxrl_sys.train.config_file import reproducible
 from jaxrl_sys.train.groups import encode_prompt
 from jaxrl_sys.train.guard import DivergenceError
-from jaxrl_sys.train.loop import RLLoop, RunResult, check_lengths
+from jaxrl_sys.train.loop import RLLoop, RunResult, check_lengths, default_engine_config
 from jaxrl_sys.train.metrics_log import Progress, plot_history
 from jaxrl_sys.train.periodic_eval import SYNTHETIC_EVAL_START, PeriodicEval
 from jaxrl_sys.train.presets import LoadedModel, load_model
+from jaxrl_sys.train.rollout_setup import RolloutSetup, ray_client
 from jaxrl_sys.train.run_dir import (check_directory_path, describe_outputs, prepare_run_dir,
                                      write_json)
 from jaxrl_sys.train.supervised import supervised_warmup
@@ -95,6 +96,17 @@ class RecipeConfig:
   overwrite: bool = False
   export_hf: str | None = None
   progress: bool = True
+  rollout: str = "local"
+  num_workers: int = 2
+  ray_address: str | None = None
+  weight_store: str | None = None
+  preempt_trace: str | None = None
+  trace_time_scale: float = 1.0 / 60.0
+  chaos_kill_every: float = 0.0
+  chaos_restart_after: float = 2.0
+  worker_token_delay: float = 0.0
+  offload: str = "off"
+  t_seed_init: float = 2.0
 
 
 def parse_task_args(text: str) -> dict[str, Any]:
@@ -126,6 +138,7 @@ class Recipe:
   train: TrainConfig
   loop: LoopConfig
   checkpoint: CheckpointConfig
+  rollout: RolloutSetup
   eval_task: Any = None
   eval_indices: tuple[int, ...] = ()
 
@@ -242,7 +255,15 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
                   rc.eval_every else 0)
   ckpt = CheckpointConfig(directory=rc.checkpoint_dir, save_every=rc.save_every,
                           keep=rc.keep_checkpoints, identity=json.loads(json.dumps(identity)))
-  return Recipe(rc, spec, model, CountingTask(task), train, loop, ckpt, eval_task, eval_indices)
+  rollout = RolloutSetup(rollout=rc.rollout, num_workers=rc.num_workers,
+                         ray_address=rc.ray_address, weight_store=rc.weight_store,
+                         preempt_trace=rc.preempt_trace, trace_time_scale=rc.trace_time_scale,
+                         chaos_kill_every=rc.chaos_kill_every,
+                         chaos_restart_after=rc.chaos_restart_after,
+                         worker_token_delay=rc.worker_token_delay, offload=rc.offload,
+                         t_seed_init=rc.t_seed_init)
+  return Recipe(rc, spec, model, CountingTask(task), train, loop, ckpt, rollout, eval_task,
+                eval_indices)
 
 
 def recipe_mesh(spec: MeshSpec) -> jax.sharding.Mesh:
@@ -304,22 +325,31 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   if rc.eval_every:
     hooks.append(PeriodicEval(mc, recipe.eval_task, tok, recipe.eval_indices,
                               loop_config=recipe.loop, every=rc.eval_every, progress=progress))
+  client = None
+  if recipe.rollout.rollout == "ray":
+    engine = default_engine_config(recipe.loop, recipe.loop.group_size + int(
+        recipe.train.advantage.baseline == "median"), tok.eos_id)
+    client = ray_client(recipe.rollout, mc, engine, seed=rc.seed,
+                        compile_cache=jax.config.jax_compilation_cache_dir or None)
   loop = RLLoop(mc, recipe.train, recipe.loop, recipe.task, tok, mesh, init_params=init,
-                checkpoint=ckpt, resume=resume, out_dir=run_dir, progress=progress,
-                step_hooks=hooks)
+                client=client, checkpoint=ckpt, resume=resume, out_dir=run_dir,
+                progress=progress, offload=recipe.rollout.offload_config(), step_hooks=hooks)
   try:
     result = loop.run()
   except DivergenceError:
     if run_dir:
-      _plot(rc, run_dir, [])
+      _plot(recipe, run_dir, [])
     raise
+  finally:
+    if client is not None:
+      client.close()
   out = RecipeResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(RunResult)},
                      run_dir=run_dir)
   summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
   out.notes += [summary] if summary else []
   if run_dir:
     save_params(os.path.join(run_dir, "final_params.npz"), result.state.params)
-    _plot(rc, run_dir, result.history)
+    _plot(recipe, run_dir, result.history)
   if rc.export_hf and not result.preempted:
     _export(recipe, result.state.params)
   elif rc.export_hf:
@@ -330,11 +360,16 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   return out
 
 
-def _plot(rc: RecipeConfig, run_dir: str, history: list[dict]) -> None:
+def _plot(recipe: Recipe, run_dir: str, history: list[dict]) -> None:
+  rc = recipe.config
   history = _read_history(run_dir) or history
   plot_history(history, os.path.join(run_dir, "reward_kl.png"),
                (("reward_mean", "eval_reward"), "kl"),
                title=f"{rc.algo} on {rc.task} ({rc.mode}, mesh {rc.mesh})")
+  if recipe.rollout.rollout == "ray":
+    plot_history(history, os.path.join(run_dir, "offload.png"),
+                 ("t_seed", "live_workers", "time_step"),
+                 title=f"rollout offload ({rc.offload}, {rc.num_workers} Ray workers)")
 
 
 def _export(recipe: Recipe, params) -> None:

@@ -14,7 +14,7 @@ import shutil
 import time
 
 # What a run writes into its directory (the only entries `overwrite` deletes).
-RUN_FILES = ("config.json", "metrics.jsonl", "reward_kl.png", "final_params.npz")
+RUN_FILES = ("config.json", "metrics.jsonl", "reward_kl.png", "offload.png", "final_params.npz")
 RUN_DIRS = ("tb", "checkpoints", "hf")
 
 
@@ -98,8 +98,9 @@ def describe_outputs(run_dir: str, *, checkpoint_dir: str | None = None,
     lines.append(f"metrics      {j('metrics.jsonl')} ({rows} rows)")
   if os.path.isdir(j("tb")):
     lines.append(f"tensorboard  {j('tb')} (tensorboard --logdir {j('tb')})")
-  if os.path.exists(j("reward_kl.png")):
-    lines.append(f"plot         {j('reward_kl.png')}")
+  for name in ("reward_kl.png", "offload.png"):
+    if os.path.exists(j(name)):
+      lines.append(f"plot         {j(name)}")
   ckpt = checkpoint_dir or j("checkpoints")
   if os.path.isdir(ckpt):
     steps = sorted(int(d) for d in os.listdir(ckpt) if d.isdigit())

@@ -1,0 +1,1 @@
+"""Tests of jaxrl_sys.sim."""
