@@ -95,6 +95,8 @@ class CountingTask:
     self._seen: set[str] = set()
 
   def __getattr__(self, item):
+    if item == "task":  # not set yet (copy / unpickle): no recursion
+      raise AttributeError(item)
     return getattr(self.task, item)
 
   def problem(self, index: int) -> Problem:

@@ -230,6 +230,10 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
   if model.is_preset:
     model.config = dataclasses.replace(model.config,
                                        max_seq_len=rc.max_prompt_len + rc.max_new_tokens)
+  if rc.export_hf and model.is_preset and model.config.moe is not None:
+    raise ValueError(f"--export_hf with --model={rc.model}: the tiny MoE preset has no Hugging "
+                     "Face equivalent (aux-free routing biases, no q/k norms); export works for "
+                     "the dense preset and for Hugging Face models")
   has_answers = getattr(task, "has_answers", True)
   if rc.sft_steps is None:
     rc = dataclasses.replace(rc, sft_steps=PRESET_SFT_STEPS if model.is_preset and has_answers
@@ -305,9 +309,11 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   if ckpt.directory is None and run_dir is not None:
     ckpt = dataclasses.replace(ckpt, directory=os.path.join(run_dir, "checkpoints"))
   progress = Progress(rc.steps, rc.progress, messages=messages)
+  config_path = run_dir and os.path.join(run_dir, "config.json")
   if run_dir is not None:
     progress.message(f"run directory: {run_dir}")
-    write_json(os.path.join(run_dir, "config.json"), reproducible(dataclasses.asdict(rc)))
+    if not (resume and os.path.exists(config_path)):  # a resumed run's is replaced at the end
+      write_json(config_path, reproducible(dataclasses.asdict(rc)))
   mesh = recipe_mesh(recipe.mesh_spec)
 
   def init():
@@ -348,6 +354,7 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
   out.notes += [summary] if summary else []
   if run_dir:
+    write_json(config_path, reproducible(dataclasses.asdict(rc)))
     save_params(os.path.join(run_dir, "final_params.npz"), result.state.params)
     _plot(recipe, run_dir, result.history)
   if rc.export_hf and not result.preempted:

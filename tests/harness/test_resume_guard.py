@@ -28,6 +28,7 @@ def test_resume_with_another_model_names_the_fields_and_keeps_checkpoints(tmp_pa
   _run(steps=2, out_dir=out)
   ck = os.path.join(out, "checkpoints")
   before = sorted(os.listdir(ck))
+  config_before = open(os.path.join(out, "config.json")).read()
   assert _steps(ck) == [1, 2]
   with pytest.raises(CheckpointMismatchError) as e:
     _run(resume=True, steps=4, out_dir=out, model="tiny_moe")
@@ -36,6 +37,7 @@ def test_resume_with_another_model_names_the_fields_and_keeps_checkpoints(tmp_pa
   with pytest.raises(CheckpointMismatchError, match=r"seed: checkpoint 0, this run 7"):
     _run(resume=True, steps=4, out_dir=out, seed=7)
   assert sorted(os.listdir(ck)) == before  # nothing renamed aside
+  assert open(os.path.join(out, "config.json")).read() == config_before
 
 
 def test_layout_mismatch_without_identity_is_not_corruption(tmp_path):

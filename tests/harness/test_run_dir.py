@@ -46,6 +46,7 @@ def test_output_path_that_is_a_file(tmp_path, flag):
     (dict(eval_every=-1), "--eval_every=-1 must be >= 0"),
     (dict(learning_rate=0.0), "--learning_rate=0.0 must be > 0"),
     (dict(task="arithmetic", reward="m:f"), "--reward applies to data-set tasks"),
+    (dict(model="tiny_moe", export_hf="/tmp/x"), "the tiny MoE preset has no Hugging Face"),
 ])
 def test_numbers_and_combinations_are_checked(kw, message):
   with pytest.raises(ValueError, match=message.replace("(", r"\(")):
