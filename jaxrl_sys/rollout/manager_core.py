@@ -106,8 +106,30 @@ class ManagerCore:
         continue
       self.queue.appendleft(rid)
       self.stats.migrated += 1
-      self.stats.tokens_kept += st.request.num_generated
+    self._cut_migrated([r for r in moved if not self.requests[r].aborting])
     self._update_gc()
+
+  def _cut_migrated(self, ids: list[int]) -> None:
+    """What a migrated request keeps: every token (ours); or, as ablations, nothing
+    (`migrate_tokens=False`: restart from the prompt) or the shortest sibling's length of its
+    group (`trim_siblings=True`, RLBoost's released retry path)."""
+    keep = {rid: self.requests[rid].request.num_generated for rid in ids}
+    if self.config.trim_siblings:
+      shortest: dict[int, int] = {}
+      for rid in ids:
+        g = self.requests[rid].request.group_id
+        shortest[g] = min(shortest.get(g, keep[rid]), keep[rid])
+      keep = {rid: shortest[self.requests[rid].request.group_id] for rid in ids}
+    if not self.config.migrate_tokens:
+      keep = dict.fromkeys(ids, 0)
+    for rid in ids:
+      r, n = self.requests[rid].request, keep[rid]
+      self.stats.tokens_kept += n
+      self.stats.tokens_discarded += r.num_generated - n
+      if n < r.num_generated:
+        r.tokens, r.logprobs, r.versions = r.tokens[:n], r.logprobs[:n], r.versions[:n]
+        prov = self._provenance.get(rid, [])
+        self._provenance[rid] = [(w, a, min(b, n)) for w, a, b in prov if a < n]
 
   def remove_worker(self, worker_id: str, reason: str = "removed") -> None:
     """Kills a worker now (e.g. a preemption from a trace): same as a loss."""

@@ -39,6 +39,10 @@ class ManagerConfig:
     plateau_batch: a fixed B for every worker instead of the measured one (None: measured).
     profile_window: decode calls per worker kept for the throughput profile.
     poll_interval: seconds `poll` waits for workers when a round brought nothing.
+    migrate_tokens: a lost worker's requests continue from every token they had (token-level
+      migration); False restarts them from the prompt (an ablation, RLBoost's "recompute").
+    trim_siblings: trim each migrated request to the shortest migrated sibling of its group, as
+      RLBoost's released retry path does (an ablation: it throws decode work away).
   """
   theta: int = 4
   heartbeat_timeout: float = 30.0
@@ -50,6 +54,8 @@ class ManagerConfig:
   plateau_batch: int | None = None
   profile_window: int = 256
   poll_interval: float = 0.005
+  migrate_tokens: bool = True
+  trim_siblings: bool = False
 
   def __post_init__(self):
     if self.theta < 0 or self.max_attempts < 0:
@@ -64,7 +70,8 @@ class ManagerConfig:
 @dataclasses.dataclass
 class ManagerStats:
   """Cumulative counters. `migrated`: requests re-queued after a worker loss; `tokens_kept`:
-  tokens those requests carried (decode work not redone); `balanced`: requests moved between
+  tokens those requests carried (decode work not redone), `tokens_discarded` those an ablation
+  threw away; `balanced`: requests moved between
   live workers by the balancer or an evacuation; `tokens_local`: tokens from workers on the
   trainer's devices; `pull_seconds`: each completed weight pull."""
   submitted: int = 0
@@ -74,6 +81,7 @@ class ManagerStats:
   tokens_local: int = 0
   migrated: int = 0
   tokens_kept: int = 0
+  tokens_discarded: int = 0
   balanced: int = 0
   joined: int = 0
   lost: int = 0

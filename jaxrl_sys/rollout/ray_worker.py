@@ -86,8 +86,8 @@ class WorkerActor:
       jax.config.update("jax_compilation_cache_dir", compile_cache)
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
       jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    self.server = WorkerServer(worker_id, model_config, engine_config, warmup=warmup)
-    self.token_delay = float(token_delay)
+    self.server = WorkerServer(worker_id, model_config, engine_config, warmup=warmup,
+                               token_delay=token_delay)
     self._inbox: queue.Queue[Commands] = queue.Queue()
     self._pulled: queue.Queue[tuple[int, Any, Any, float, BaseException | None]] = queue.Queue()
     self._news = threading.Condition()
@@ -173,9 +173,7 @@ class WorkerActor:
           s.swap(version, params, moe_state, secs)
         busy = True
       if s.has_work():
-        n = s.step()
-        if self.token_delay and n:
-          time.sleep(self.token_delay * n)
+        s.step()
         busy = True
       if busy:
         self._publish()

@@ -145,11 +145,14 @@ class WorkerServer:
     worker_id: the worker's name.
     model_config, engine_config: what the engine is built with.
     warmup: compile every engine shape right after the first weights arrive.
+    token_delay: seconds to sleep per generated token (a slower device, on purpose: tests and
+      benchmarks of load balancing and offload on one machine).
   """
 
   def __init__(self, worker_id: str, model_config: ModelConfig, engine_config: EngineConfig,
-               warmup: bool = False):
+               warmup: bool = False, token_delay: float = 0.0):
     self.worker_id, self.model_config, self.engine_config = worker_id, model_config, engine_config
+    self.token_delay = float(token_delay)
     self.engine: Engine | None = None
     self._warmup = warmup
     self._seq = 0
@@ -246,6 +249,9 @@ class WorkerServer:
     dt = time.monotonic() - t0
     e.take_completions()  # finished requests are reported by their last chunk
     n = sum(len(c.tokens) for c in chunks)
+    if self.token_delay and n:
+      time.sleep(self.token_delay * n)
+      dt = time.monotonic() - t0
     if n:
       self._profile.append((live, n, dt))
     self._chunks.extend(chunks)
@@ -275,9 +281,10 @@ class InProcessWorker:
   synchronous = True
 
   def __init__(self, worker_id: str, model_config: ModelConfig, engine_config: EngineConfig, *,
-               local: bool = True, warmup: bool = False):
+               local: bool = True, warmup: bool = False, token_delay: float = 0.0):
     self.worker_id, self.local = worker_id, local
-    self.server = WorkerServer(worker_id, model_config, engine_config, warmup=warmup)
+    self.server = WorkerServer(worker_id, model_config, engine_config, warmup=warmup,
+                               token_delay=token_delay)
     self._pending: Commands | None = None
     self._dead = False
 

@@ -236,3 +236,26 @@ def test_a_failed_weight_publish_is_an_error_not_a_stall(tmp_path):
   with pytest.raises(WeightPublishError, match="version 0"):
     for _ in range(1000):
       m.poll(timeout=0.1)
+
+
+@pytest.mark.parametrize("ablation", ["restart_from_prompt", "trim_siblings"])
+def test_migration_ablations_stay_correct_but_redo_decode_work(ablation):
+  clock = ManualClock()
+  # Two slots and Θ = 4 on the first worker, alone at dispatch: it holds a group's siblings at
+  # different progress (two running, two waiting) when it dies; "b" joins later.
+  dying = FakeWorker("dying", clock, num_slots=2, latency=0.1, die_at=0.45)
+  ws = [dying, FakeWorker("b", clock, num_slots=2, latency=0.1)]
+  kw = {"migrate_tokens": False} if ablation == "restart_from_prompt" else {"trim_siblings": True}
+  m = manager(ws[:1], clock, theta=4, balance=False, **kw)
+  m.add_tick_hook(lambda mgr, now: now > 0.2 and "b" not in mgr.workers and mgr.add_worker(ws[1]))
+  reqs = make_requests(8, seed=2, max_new=20)
+  for i, r in enumerate(reqs):
+    r.group_id = i // 4  # two groups of four siblings
+  m.submit(reqs)
+  out = drain(m)
+  check_complete(out, reqs)  # the same responses: randomness is per request and index
+  assert m.stats.tokens_discarded > 0
+  redone = sum(w.generated for w in ws) - sum(len(c.request.tokens) for c in out)
+  assert redone == m.stats.tokens_discarded  # every discarded token was generated again
+  if ablation == "restart_from_prompt":
+    assert m.stats.tokens_kept == 0
