@@ -209,7 +209,9 @@ def main(argv):
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   absl_logging.set_verbosity(absl_logging.WARNING)
   try:
-    recipe = recipe_lib.build_recipe(recipe_from_flags())
+    rc = recipe_from_flags()
+    print(f"loading model {rc.model!r} and task {rc.task!r}", file=sys.stderr)
+    recipe = recipe_lib.build_recipe(rc)
     result = recipe_lib.run_recipe(recipe, resume=FLAGS.resume)
   except DivergenceError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -61,7 +61,8 @@ def test_jsonl_task_with_module_reward_learns(tmp_path):
   assert sum(p in held_out for p in scored) == 3 * 20 * 4
   assert all(h["reward_failures"] == 0 for h in hist)
   assert "outputs:" in err and "metrics.jsonl (60 rows)" in err and "reward_kl.png" in err
-  assert f"run directory: {out}" in err.splitlines()[0]
+  first = err.splitlines()[:2]  # said at the start: what loads, then where the outputs go
+  assert first[0].startswith("loading model 'tiny'") and first[1] == f"run directory: {out}"
 
 
 def test_config_file_round_trip(tmp_path):
