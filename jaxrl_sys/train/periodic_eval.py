@@ -45,6 +45,13 @@ class PeriodicEval:
     self.progress = progress
     self._client = None
 
+  def close(self) -> None:
+    """Ends the evaluation client (its worker and weight store), if one was started."""
+    close = getattr(self._client, "close", None)
+    if callable(close):
+      close()
+    self._client = None
+
   def due(self, step: int) -> bool:
     return bool(self.every) and (step % self.every == 0 or step == self.lc.steps)
 

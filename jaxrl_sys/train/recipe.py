@@ -328,9 +328,11 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
                              seq_len=seq)
 
   hooks = [recipe.task.metrics_hook] if isinstance(recipe.task, CountingTask) else []
+  evaluator = None
   if rc.eval_every:
-    hooks.append(PeriodicEval(mc, recipe.eval_task, tok, recipe.eval_indices,
-                              loop_config=recipe.loop, every=rc.eval_every, progress=progress))
+    evaluator = PeriodicEval(mc, recipe.eval_task, tok, recipe.eval_indices,
+                             loop_config=recipe.loop, every=rc.eval_every, progress=progress)
+    hooks.append(evaluator)
   client = None
   if recipe.rollout.rollout == "ray":
     engine = default_engine_config(recipe.loop, recipe.loop.group_size + int(
@@ -349,6 +351,8 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   finally:
     if client is not None:
       client.close()
+    if evaluator is not None:
+      evaluator.close()
   out = RecipeResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(RunResult)},
                      run_dir=run_dir)
   summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
