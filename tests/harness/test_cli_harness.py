@@ -123,8 +123,9 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
   f.write_text("not json")
   os.makedirs(tmp_path / "empty")
   args = [a.format(file=f, empty=tmp_path / "empty") for a in args]
-  rc, err = _cli(args + [f"--out_dir={tmp_path / 'o'}"] if "--out_dir" not in args[0] and
-                 "--resume" not in args[0] else args)
+  if not args[0].startswith(("--out_dir", "--resume")):  # never write into the repository
+    args.append(f"--out_dir={tmp_path / 'o'}")
+  rc, err = _cli(args)
   assert rc == 2, err
   assert message in err and "Traceback" not in err, err
 
