@@ -77,10 +77,10 @@ def test_config_file_round_trip(tmp_path):
   written = json.load(open(tmp_path / "a" / "config.json"))
   assert {k: written[k] for k in cfg} == cfg
   assert "out_dir" not in written and "checkpoint_dir" not in written
-  # the command line wins over the file
-  rc, err = _cli(compile_cache + [f"--config={tmp_path / 'a' / 'config.json'}", "--steps=1",
+  # the command line wins over the file (which says steps: 2)
+  rc, err = _cli(compile_cache + [f"--config={tmp_path / 'a' / 'config.json'}", "--steps=0",
                                   f"--out_dir={tmp_path / 'c'}"])
-  assert rc == 0 and "done: step 1/1" in err, err
+  assert rc == 2 and "--steps=0: nothing to train" in err, err
   rc, err = _cli(compile_cache + [f"--config={tmp_path / 'a' / 'config.json'}",
                                   f"--out_dir={tmp_path / 'b'}"])
   assert rc == 0, err
