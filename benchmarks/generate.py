@@ -43,8 +43,8 @@ def main():
   tm = transformers.AutoModelForCausalLM.from_pretrained(tmp).float().eval()
   sampling = models.SamplingConfig(temperature=0.0, max_new_tokens=n_new)
   c = cfg
-  matmul_params = (c.num_layers * c.hidden_size * (c.head_dim * (c.num_heads * 2 + c.num_kv_heads * 2)
-                                                   + 3 * c.intermediate_size)
+  attn_width = c.head_dim * (c.num_heads * 2 + c.num_kv_heads * 2)
+  matmul_params = (c.num_layers * c.hidden_size * (attn_width + 3 * c.intermediate_size)
                    + c.hidden_size * c.vocab_size)
   rows = []
   for b in batches:

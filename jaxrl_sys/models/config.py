@@ -71,8 +71,10 @@ class MoEConfig:
   grouped_matmul_impl: str = "xla"   # kernels.grouped_matmul impl ("xla" | "pallas" | "auto")
 
   def __post_init__(self):
-    choices = {"gating": ("softmax", "sigmoid"), "balancing": ("none", "aux_loss", "aux_free", "bip"),
-               "bip_rule": ("midpoint", "kth"), "ep_dispatch": ("dense", "ragged", "ragged_emulated"),
+    choices = {"gating": ("softmax", "sigmoid"),
+               "balancing": ("none", "aux_loss", "aux_free", "bip"),
+               "bip_rule": ("midpoint", "kth"),
+               "ep_dispatch": ("dense", "ragged", "ragged_emulated"),
                "implementation": ("ragged", "dense", "expert_parallel")}
     for name, ok in choices.items():
       if getattr(self, name) not in ok:

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jaxrl_sys.models import moe_experts, moe_routing
 from jaxrl_sys.models.config import ModelConfig, MoEConfig
 from jaxrl_sys.models.moe_routing import max_violation
+from jaxrl_sys.sharding.axes import EMBED, EXPERT, EXPERT_MLP, LAYERS, MLP
 
 
 class MoEState(NamedTuple):
@@ -58,7 +59,7 @@ def init_moe_state(config: ModelConfig) -> MoEState:
 def moe_state_axes(config: ModelConfig) -> MoEState:
   """Logical axes of `MoEState` (replicated: layers and experts are tiny vectors)."""
   del config
-  return MoEState(bias=("layers", None), q=("layers", None))
+  return MoEState(bias=(LAYERS, None), q=(LAYERS, None))
 
 
 def _normal(key, shape, dtype, std=0.02):
@@ -84,15 +85,15 @@ def init_moe_params(config: ModelConfig, key: jax.Array) -> dict:
 def moe_param_axes(config: ModelConfig) -> dict:
   """Logical axis names of `init_moe_params` (experts over "expert", i.e. the model axis)."""
   m = _moe(config)
-  axes = {"router": ("layers", "embed", None),
-          "w_gate": ("layers", "expert", "embed", "expert_mlp"),
-          "w_up": ("layers", "expert", "embed", "expert_mlp"),
-          "w_down": ("layers", "expert", "expert_mlp", "embed")}
+  axes = {"router": (LAYERS, EMBED, None),
+          "w_gate": (LAYERS, EXPERT, EMBED, EXPERT_MLP),
+          "w_up": (LAYERS, EXPERT, EMBED, EXPERT_MLP),
+          "w_down": (LAYERS, EXPERT, EXPERT_MLP, EMBED)}
   if m.shared_width:
-    axes["shared"] = {"w_gate": ("layers", "embed", "mlp"), "w_up": ("layers", "embed", "mlp"),
-                      "w_down": ("layers", "mlp", "embed")}
+    axes["shared"] = {"w_gate": (LAYERS, EMBED, MLP), "w_up": (LAYERS, EMBED, MLP),
+                      "w_down": (LAYERS, MLP, EMBED)}
     if m.shared_expert_gate:
-      axes["shared_gate"] = ("layers", "embed", None)
+      axes["shared_gate"] = (LAYERS, EMBED, None)
   return axes
 
 

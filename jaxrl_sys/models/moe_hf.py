@@ -1,4 +1,5 @@
-"""Hugging Face import/export of Qwen3-MoE (`Qwen3MoeForCausalLM`), registered with models/hf.py.
+"""Hugging Face import/export of Qwen3-MoE (`Qwen3MoeForCausalLM`), registered in the registry of
+models/hf_common.py (models/hf.py imports this module).
 
 Checkpoint tensors per layer i (what `save_pretrained` writes, transformers 4.x and 5.x):
   model.layers.{i}.mlp.gate.weight                     [E, D]   -> router [D, E]
@@ -16,7 +17,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxrl_sys.models import hf
+from jaxrl_sys.models import hf_common
 from jaxrl_sys.models.config import ModelConfig, MoEConfig
 
 ARCH = "Qwen3MoeForCausalLM"
@@ -33,7 +34,7 @@ def config_from_hf(cfg: dict) -> ModelConfig:
   num_experts = cfg.get("num_experts", cfg.get("num_local_experts"))
   if num_experts is None:
     raise ValueError(f"{ARCH}: config.json has neither num_experts nor num_local_experts")
-  base = hf.dense_config_from_hf(cfg, "Qwen3ForCausalLM")
+  base = hf_common.dense_config_from_hf(cfg, "Qwen3ForCausalLM")
   moe = MoEConfig(num_experts=int(num_experts), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                   expert_intermediate_size=int(cfg["moe_intermediate_size"]), gating="softmax",
                   norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
@@ -46,7 +47,7 @@ def config_to_hf(c: ModelConfig) -> dict:
   if m is None or m.shared_width or m.gating != "softmax" or m.routed_scaling_factor != 1.0:
     raise ValueError(f"{ARCH} export needs softmax gating, no shared experts and "
                      "routed_scaling_factor 1")
-  out = hf.dense_config_to_hf(dataclasses.replace(c, architecture="Qwen3ForCausalLM"))
+  out = hf_common.dense_config_to_hf(dataclasses.replace(c, architecture="Qwen3ForCausalLM"))
   out.update(architectures=[ARCH], model_type="qwen3_moe", num_experts=m.num_experts,
              num_experts_per_tok=m.num_experts_per_tok,
              moe_intermediate_size=m.expert_intermediate_size, norm_topk_prob=m.norm_topk_prob,
@@ -55,7 +56,7 @@ def config_to_hf(c: ModelConfig) -> dict:
   return out
 
 
-def _experts_to_params(t: hf._Taker, c: ModelConfig) -> dict:  # pylint: disable=protected-access
+def _experts_to_params(t: hf_common.TensorTaker, c: ModelConfig) -> dict:
   L, E = c.num_layers, c.moe.num_experts
   F = c.moe.expert_intermediate_size
   if "model.layers.0.mlp.experts.gate_up_proj" in t.tensors:        # fused (transformers 5)
@@ -75,8 +76,8 @@ def _experts_to_params(t: hf._Taker, c: ModelConfig) -> dict:  # pylint: disable
 
 def to_params(tensors: dict, c: ModelConfig) -> dict:
   """Checkpoint tensors -> params (see the module docstring for the layout)."""
-  t = hf._Taker(tensors)  # pylint: disable=protected-access
-  params = hf.common_to_params(t, c)
+  t = hf_common.TensorTaker(tensors)
+  params = hf_common.common_to_params(t, c)
   moe = {"router": t.stack("model.layers.{}.mlp.gate.weight", c.num_layers, lambda w: w.T)}
   moe.update(_experts_to_params(t, c))
   params["layers"]["moe"] = moe
@@ -88,7 +89,8 @@ def to_params(tensors: dict, c: ModelConfig) -> dict:
 
 def from_params(params: dict, c: ModelConfig) -> dict:
   """Params -> per-expert checkpoint tensors (the layout `save_pretrained` writes)."""
-  out = hf.common_from_params(params, dataclasses.replace(c, architecture="Qwen3ForCausalLM"))
+  dense = dataclasses.replace(c, architecture="Qwen3ForCausalLM")
+  out = hf_common.common_from_params(params, dense)
   moe = params["layers"]["moe"]
   for i in range(c.num_layers):
     out[f"model.layers.{i}.mlp.gate.weight"] = moe["router"][i].T
@@ -100,4 +102,4 @@ def from_params(params: dict, c: ModelConfig) -> dict:
   return out
 
 
-hf.register_architecture(ARCH, config_from_hf, to_params, from_params, config_to_hf)
+hf_common.register_architecture(ARCH, config_from_hf, to_params, from_params, config_to_hf)

@@ -41,7 +41,8 @@ def read_file(path: str) -> dict[str, np.ndarray]:
   return out
 
 
-def write_file(path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None):
+def write_file(path: str, tensors: Mapping[str, np.ndarray],
+               metadata: Mapping[str, str] | None = None):
   """Writes tensors (numpy arrays) to one .safetensors file, names sorted."""
   header, chunks, offset = {}, [], 0
   for name in sorted(tensors):
@@ -74,7 +75,8 @@ def read_checkpoint(directory: str) -> dict[str, np.ndarray]:
       out.update(read_file(os.path.join(directory, shard)))
     missing = sorted(set(weight_map) - set(out))
     if missing:
-      raise ValueError(f"{directory}: tensors listed in {INDEX_NAME} but absent from shards: {missing[:10]}")
+      raise ValueError(f"{directory}: tensors listed in {INDEX_NAME} but absent from shards: "
+                       f"{missing[:10]}")
     return out
   single = os.path.join(directory, SINGLE_NAME)
   if os.path.exists(single):
@@ -88,7 +90,8 @@ def read_checkpoint(directory: str) -> dict[str, np.ndarray]:
   return out
 
 
-def write_checkpoint(directory: str, tensors: Mapping[str, np.ndarray], max_shard_bytes: int = 2 << 30):
+def write_checkpoint(directory: str, tensors: Mapping[str, np.ndarray],
+                     max_shard_bytes: int = 2 << 30):
   """Writes one file, or numbered shards plus an index when larger than `max_shard_bytes`."""
   os.makedirs(directory, exist_ok=True)
   total = sum(int(t.nbytes) for t in tensors.values())

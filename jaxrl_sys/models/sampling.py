@@ -90,7 +90,8 @@ def sample_tokens(logits, keys, positions, sampling: SamplingConfig):
   return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
 
 
-def _is_stop(tok, stop_tokens):
+def is_stop_token(tok, stop_tokens):
+  """bool array shaped like `tok` (int32): True where a token is one of `stop_tokens`."""
   if not stop_tokens:
     return jnp.zeros(tok.shape, bool)
   return jnp.isin(tok, jnp.asarray(stop_tokens, jnp.int32))
@@ -141,7 +142,7 @@ def decode_loop(params, config: ModelConfig, sampling: SamplingConfig, cache: kv
     toks = toks.at[:, step].set(jnp.where(live, tok, 0))
     lps = lps.at[:, step].set(jnp.where(live, lp, 0.0))
     lengths = lengths + live.astype(jnp.int32)
-    stop = live & _is_stop(tok, sampling.stop_tokens)
+    stop = live & is_stop_token(tok, sampling.stop_tokens)
     finished = finished | stop
     done = done | stop
     out = forward(params, config, jnp.where(live, tok, 0)[:, None], cache=cache,

@@ -1,8 +1,11 @@
-"""Tokenizer of an HF model directory (`tokenizer.json` through the `tokenizers` package)."""
+"""Tokenizer of an HF model directory (`tokenizer.json` through the `tokenizers` package) and
+its chat template (`tokenizer_config.json["chat_template"]` or `chat_template.jinja`, rendered
+with jinja2 in a sandbox)."""
 from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Sequence
 
 
@@ -10,7 +13,7 @@ class HFTokenizer:
   """Wraps `tokenizers.Tokenizer` with the special ids of the model directory.
 
   Attributes: `eos_token_ids` (tuple, from generation_config.json / config.json /
-  tokenizer_config.json), `pad_token_id`, `vocab_size`.
+  tokenizer_config.json), `pad_token_id`, `vocab_size`, `chat_template` (jinja source or None).
   """
 
   def __init__(self, directory: str):
@@ -25,6 +28,8 @@ class HFTokenizer:
       if os.path.exists(p):
         with open(p) as f:
           meta.update({k: v for k, v in json.load(f).items() if v is not None})
+    self.chat_template = _chat_template(directory, meta.get("chat_template"))
+    self.special_tokens = {k: _token_text(meta.get(k)) for k in ("bos_token", "eos_token")}
     eos = meta.get("eos_token_id")
     if eos is None and isinstance(meta.get("eos_token"), str):
       eos = self._tok.token_to_id(meta["eos_token"])
@@ -41,3 +46,51 @@ class HFTokenizer:
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+  def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """The chat template rendered for `messages` ([{"role": ..., "content": ...}]).
+
+    Raises:
+      ValueError: there is no chat template, or rendering it failed (the template's message).
+    """
+    if self.chat_template is None:
+      raise ValueError("this tokenizer has no chat template")
+    import jinja2  # pylint: disable=import-outside-toplevel
+    from jinja2 import sandbox  # pylint: disable=import-outside-toplevel
+
+    def raise_exception(message):
+      raise jinja2.TemplateError(message)
+
+    env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, indent=indent,
+                                                                    ensure_ascii=False)
+    env.globals.update(raise_exception=raise_exception,
+                       strftime_now=lambda fmt: time.strftime(fmt))
+    try:
+      return env.from_string(self.chat_template).render(
+          messages=messages, add_generation_prompt=add_generation_prompt,
+          bos_token=self.special_tokens["bos_token"] or "",
+          eos_token=self.special_tokens["eos_token"] or "")
+    except jinja2.TemplateError as e:
+      raise ValueError(f"the chat template failed to render: {e}") from e
+
+
+def _token_text(value) -> str | None:
+  """A special token's text from tokenizer_config.json (a string or an AddedToken dict)."""
+  if isinstance(value, dict):
+    return value.get("content")
+  return value if isinstance(value, str) else None
+
+
+def _chat_template(directory: str, configured) -> str | None:
+  """The default chat template: chat_template.jinja, else tokenizer_config.json's entry (a
+  string, or a list of {"name", "template"} from which "default" is taken)."""
+  path = os.path.join(directory, "chat_template.jinja")
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      return f.read()
+  if isinstance(configured, list):
+    named = {t.get("name"): t.get("template") for t in configured if isinstance(t, dict)}
+    return named.get("default")
+  return configured if isinstance(configured, str) else None

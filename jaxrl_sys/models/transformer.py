@@ -23,6 +23,8 @@ from jaxrl_sys.models.config import ModelConfig
 from jaxrl_sys.models.layers import (masked_attention, merge_new_token, rms_norm,
                                      segment_causal_mask, single_query_attention, swiglu_mlp)
 from jaxrl_sys.models.rope import apply_rope, rope_cos_sin
+from jaxrl_sys.sharding.axes import (EMBED, HEAD_DIM, HEADS, KV_HEADS, LAYERS, MLP, NORM,
+                                     VOCAB)
 
 Params = dict[str, Any]
 
@@ -71,25 +73,25 @@ def init_params(config: ModelConfig, key: jax.Array) -> Params:
 def param_axes(config: ModelConfig) -> Params:
   """Logical axis names for every parameter (same tree structure as `init_params`)."""
   c = config
-  attn = {"wq": ("layers", "embed", "heads", "head_dim"),
-          "wk": ("layers", "embed", "kv_heads", "head_dim"),
-          "wv": ("layers", "embed", "kv_heads", "head_dim"),
-          "wo": ("layers", "heads", "head_dim", "embed")}
+  attn = {"wq": (LAYERS, EMBED, HEADS, HEAD_DIM),
+          "wk": (LAYERS, EMBED, KV_HEADS, HEAD_DIM),
+          "wv": (LAYERS, EMBED, KV_HEADS, HEAD_DIM),
+          "wo": (LAYERS, HEADS, HEAD_DIM, EMBED)}
   if c.attention_bias:
-    attn.update(bq=("layers", "heads", "head_dim"), bk=("layers", "kv_heads", "head_dim"),
-                bv=("layers", "kv_heads", "head_dim"))
+    attn.update(bq=(LAYERS, HEADS, HEAD_DIM), bk=(LAYERS, KV_HEADS, HEAD_DIM),
+                bv=(LAYERS, KV_HEADS, HEAD_DIM))
   if c.qk_norm:
-    attn.update(q_norm=("layers", "norm"), k_norm=("layers", "norm"))
-  layers = {"attn_norm": ("layers", "norm"), "mlp_norm": ("layers", "norm"), "attn": attn}
+    attn.update(q_norm=(LAYERS, NORM), k_norm=(LAYERS, NORM))
+  layers = {"attn_norm": (LAYERS, NORM), "mlp_norm": (LAYERS, NORM), "attn": attn}
   if c.moe is None:
-    layers["mlp"] = {"w_gate": ("layers", "embed", "mlp"), "w_up": ("layers", "embed", "mlp"),
-                     "w_down": ("layers", "mlp", "embed")}
+    layers["mlp"] = {"w_gate": (LAYERS, EMBED, MLP), "w_up": (LAYERS, EMBED, MLP),
+                     "w_down": (LAYERS, MLP, EMBED)}
   else:
     from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
     layers["moe"] = moe.moe_param_axes(c)
-  axes = {"embed": ("vocab", "embed"), "final_norm": ("norm",), "layers": layers}
+  axes = {"embed": (VOCAB, EMBED), "final_norm": (NORM,), "layers": layers}
   if not c.tie_embeddings:
-    axes["unembed"] = ("embed", "vocab")
+    axes["unembed"] = (EMBED, VOCAB)
   return axes
 
 
@@ -261,7 +263,8 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
 def last_valid_index(mask) -> jax.Array:
   """Index of the last real token per row of `mask [batch, seq]` -> `[batch]` int32."""
   t = mask.shape[1]
-  return (jnp.max(jnp.where(mask > 0, jnp.arange(1, t + 1)[None, :], 0), axis=1) - 1).astype(jnp.int32)
+  last = jnp.max(jnp.where(mask > 0, jnp.arange(1, t + 1)[None, :], 0), axis=1) - 1
+  return last.astype(jnp.int32)
 
 
 def num_params(params: Params) -> int:

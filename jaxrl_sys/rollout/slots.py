@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from jaxrl_sys.models import kv_cache as kvc
 from jaxrl_sys.models.config import ModelConfig
-from jaxrl_sys.models.sampling import SamplingConfig, sample_tokens
+from jaxrl_sys.models.sampling import SamplingConfig, is_stop_token, sample_tokens
 from jaxrl_sys.models.transformer import forward, logits_from_hidden
 
 
@@ -101,12 +101,6 @@ def copy_prefix(cache: kvc.KVCache, src, dst, lengths, *, t: int) -> kvc.KVCache
   return _write_prefix(cache, cache.k[:, src, :t], cache.v[:, src, :t], lengths, dst)
 
 
-def _is_stop(tok, stop_tokens):
-  if not stop_tokens:
-    return jnp.zeros(tok.shape, bool)
-  return jnp.isin(tok, jnp.asarray(stop_tokens, jnp.int32))
-
-
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "num_steps", "width"),
                    donate_argnames=("cache",))
 def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_state=None, *,
@@ -157,7 +151,7 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
     out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
     inc = live.astype(jnp.int32)
     count, idx, budget = count + inc, idx + inc, budget - inc
-    stop = live & _is_stop(new, sampling.stop_tokens)
+    stop = live & is_stop_token(new, sampling.stop_tokens)
     stopped = stopped | stop
     tok = jnp.where(live, new, tok)
     live = live & ~stop & (budget > 0)

@@ -63,7 +63,8 @@ def describe_devices(devices: Sequence[jax.Device] | None = None) -> str:
   return ", ".join(f"{n} {k}" for k, n in kinds.items()) or "no devices"
 
 
-def make_mesh(spec: MeshSpec | str, devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
+def make_mesh(spec: MeshSpec | str,
+              devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
   """Builds a `jax.sharding.Mesh` (Auto axis types) for `spec` over the first `spec.size` devices.
 
   Raises:

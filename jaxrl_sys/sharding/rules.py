@@ -1,8 +1,8 @@
 """Logical axis names -> mesh PartitionSpecs, through one rules table.
 
-Parameters and activations are annotated with logical axis names ("embed", "heads", ...).
-A rules table maps each logical name to a mesh axis (or None = replicated). FSDP shards the
-"embed" dimension of weights over "data"; tensor/expert parallelism uses "model".
+Parameters and batches are annotated with logical axis names (the constants of
+`sharding/axes.py`). A rules table maps each logical name to a mesh axis (or None = replicated).
+FSDP shards the "embed" dimension of weights over "data"; tensor/expert parallelism uses "model".
 A dimension whose size does not divide the mesh axis size is replicated instead, so tiny models
 run on any mesh.
 """
@@ -13,26 +13,25 @@ from typing import Any, Mapping, Sequence
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxrl_sys.sharding.axes import (BATCH, EMBED, EXPERT, EXPERT_MLP, HEAD_DIM, HEADS, KV_HEADS,
+                                     LAYERS, MLP, NORM, VOCAB)
+
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 DEFAULT_RULES: Rules = (
-    # activations
-    ("batch", "data"),
-    ("act_seq", None),
-    ("act_embed", None),
-    ("act_heads", "model"),
-    ("act_vocab", "model"),
+    # batches
+    (BATCH, "data"),
     # parameters
-    ("embed", "data"),       # FSDP
-    ("vocab", "model"),
-    ("heads", "model"),
-    ("kv_heads", "model"),
-    ("head_dim", None),
-    ("mlp", "model"),
-    ("expert", "model"),     # expert parallelism
-    ("expert_mlp", None),
-    ("layers", None),
-    ("norm", None),
+    (EMBED, "data"),         # FSDP
+    (VOCAB, "model"),
+    (HEADS, "model"),
+    (KV_HEADS, "model"),
+    (HEAD_DIM, None),
+    (MLP, "model"),
+    (EXPERT, "model"),       # expert parallelism
+    (EXPERT_MLP, None),
+    (LAYERS, None),
+    (NORM, None),
 )
 
 

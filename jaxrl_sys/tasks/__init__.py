@@ -2,23 +2,38 @@
 
 - `CharTokenizer`: pad 0 / bos 1 / eos 2 + one id per character.
 - `ArithmeticTask`, `CountdownTask`: problems are a pure function of an integer index.
-- `make_task(name, **kw)`, `score_completions(task, problems, texts) -> (rewards [n] f32, errors)`.
+- `DatasetTask`: prompts from JSONL / Parquet / `datasets` rows, scored by a user function
+  `fn(prompt, completion, **row) -> float` (`load_reward("module:function")`).
+- `make_task(name, reward=None, **kw)`: a built-in name or "jsonl:PATH" (also "parquet:",
+  "datasets:").
+- `score_completions(task, problems, texts) -> (rewards [n] f32, errors)`; `CountingTask`
+  counts reward failures for the metrics.
 - `supervised_examples(...)`: warm-up sequences; `extract_gsm8k_answer`, `gsm8k_reward`.
 """
 from jaxrl_sys.tasks.arithmetic import ArithmeticTask, parse_integer_answer
-from jaxrl_sys.tasks.base import (Problem, RewardError, SupervisedBatch, Task, score_completions,
-                                  supervised_examples)
+from jaxrl_sys.tasks.base import (NonFiniteRewardError, Problem, RewardError, SupervisedBatch,
+                                  Task, score_completions, supervised_examples)
 from jaxrl_sys.tasks.countdown import CountdownTask, evaluate
+from jaxrl_sys.tasks.dataset import DatasetTask, make_dataset_task, parse_task_spec, read_rows
 from jaxrl_sys.tasks.gsm8k import extract_gsm8k_answer, gsm8k_reward
+from jaxrl_sys.tasks.rewards import CountingTask, exact_match, load_reward
 from jaxrl_sys.tasks.tokenizer import CharTokenizer
 
 TASKS = {"arithmetic": ArithmeticTask, "countdown": CountdownTask}
 
 
-def make_task(name: str, **kwargs) -> Task:
-  """Builds a task by name; unknown names and keys raise errors that name them."""
+def make_task(name: str, reward=None, **kwargs) -> Task:
+  """Builds a built-in task by name, or a `DatasetTask` from "jsonl:PATH" (also "parquet:PATH",
+  "datasets:DIR") scored by `reward` (a function or "module:function"; default: exact match
+  on the rows' answers). Unknown names and keys raise errors that name them."""
+  if parse_task_spec(name) is not None:
+    return make_dataset_task(name, reward, **kwargs)
   if name not in TASKS:
-    raise ValueError(f"unknown task {name!r}; known: {sorted(TASKS)}")
+    raise ValueError(f"unknown task {name!r}; known: {sorted(TASKS)} or jsonl:PATH / "
+                     "parquet:PATH / datasets:DIR")
+  if reward is not None:
+    raise ValueError(f"task {name!r} has its own reward; --reward applies to data-set tasks "
+                     "(--task=jsonl:PATH)")
   try:
     return TASKS[name](**kwargs)
   except TypeError as e:
@@ -26,7 +41,9 @@ def make_task(name: str, **kwargs) -> Task:
 
 
 __all__ = [
-    "ArithmeticTask", "CharTokenizer", "CountdownTask", "Problem", "RewardError",
-    "SupervisedBatch", "TASKS", "Task", "evaluate", "extract_gsm8k_answer", "gsm8k_reward",
-    "make_task", "parse_integer_answer", "score_completions", "supervised_examples",
+    "ArithmeticTask", "CharTokenizer", "CountdownTask", "CountingTask", "DatasetTask",
+    "NonFiniteRewardError", "Problem", "RewardError", "SupervisedBatch", "TASKS", "Task",
+    "evaluate", "exact_match", "extract_gsm8k_answer", "gsm8k_reward", "load_reward",
+    "make_dataset_task", "make_task", "parse_integer_answer", "parse_task_spec", "read_rows",
+    "score_completions", "supervised_examples",
 ]

@@ -36,7 +36,8 @@ class ArithmeticTask:
 
   def __post_init__(self):
     if not 1 <= self.min_digits <= self.num_digits:
-      raise ValueError(f"need 1 <= min_digits <= num_digits, got {self.min_digits}, {self.num_digits}")
+      raise ValueError(f"need 1 <= min_digits <= num_digits, got {self.min_digits}, "
+                       f"{self.num_digits}")
     bad = set(self.ops) - set("+-*")
     if bad or not self.ops:
       raise ValueError(f"ArithmeticTask ops must be drawn from '+-*', got {self.ops!r}")

@@ -30,33 +30,58 @@ class Task(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class RewardError:
+  """One failed reward call: the completion's index, its prompt, the exception as text."""
   index: int
   prompt: str
   message: str
 
 
+class NonFiniteRewardError(ValueError):
+  """A reward function returned NaN or an infinity (a bug in the reward, never a score)."""
+
+
+def check_finite_reward(value: Any, task_name: str, prompt: str, completion: str) -> float:
+  """`float(value)`, or NonFiniteRewardError naming the prompt and the completion."""
+  r = float(value)
+  if not math.isfinite(r):
+    raise NonFiniteRewardError(
+        f"the reward function of task {task_name!r} returned {r} for prompt {prompt!r} and "
+        f"completion {completion!r}; rewards must be finite numbers (return 0.0 for a failed "
+        "answer)")
+  return r
+
+
 def score_completions(task: Task, problems: Sequence[Problem], texts: Sequence[str]
                       ) -> tuple[np.ndarray, list[RewardError]]:
-  """Scores each completion; a reward function that raises or returns NaN/inf scores 0.
+  """Scores each completion; a reward function that raises scores 0 (a failure).
+
+  Failures are summarised in one warning per call (how many, and the first prompt and error);
+  `tasks.rewards.CountingTask` also counts them for the run's metrics.
 
   Returns:
-    rewards `[n]` float32 and the list of failures (each logged with the prompt that caused it).
+    rewards `[n]` float32 and the list of failures.
+
+  Raises:
+    NonFiniteRewardError: a reward was NaN or infinite (the message names the prompt).
   """
   if len(problems) != len(texts):
     raise ValueError(f"{len(problems)} problems but {len(texts)} completions")
+  name = getattr(task, "name", type(task).__name__)
   rewards = np.zeros(len(texts), np.float32)
   errors: list[RewardError] = []
   for i, (p, t) in enumerate(zip(problems, texts)):
     try:
-      r = float(task.reward(p, t))
-      if not math.isfinite(r):
-        raise ValueError(f"reward is {r}")
-      rewards[i] = r
+      value = task.reward(p, t)
+    except NonFiniteRewardError:
+      raise
     except Exception as e:  # pylint: disable=broad-except
-      err = RewardError(i, p.prompt, f"{type(e).__name__}: {e}")
-      errors.append(err)
-      log.warning("reward function of task %r failed on prompt %r: %s (scored as failure)",
-                  getattr(task, "name", task), p.prompt, err.message)
+      errors.append(RewardError(i, p.prompt, f"{type(e).__name__}: {e}"))
+      continue
+    rewards[i] = check_finite_reward(value, name, p.prompt, t)
+  if errors:
+    first = errors[0]
+    log.warning("reward function of task %r failed on %d of %d completions (scored 0); first "
+                "on prompt %r: %s", name, len(errors), len(texts), first.prompt, first.message)
   return rewards, errors
 
 

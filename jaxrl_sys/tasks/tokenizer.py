@@ -29,6 +29,33 @@ class CharTokenizer:
     ids = [self._ids[c] for c in text]
     return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
 
+  @property
+  def alphabet(self) -> str:
+    """The characters, in id order (id = position + 3)."""
+    return self._chars
+
+  def hf_tokenizer_files(self) -> dict[str, str]:
+    """`tokenizer.json` and `tokenizer_config.json` contents of the same mapping, for an HF
+    export: `transformers.AutoTokenizer` then encodes a text to the same ids (one word-level
+    token per character; "<pad>", "<s>", "</s>" are ids 0, 1, 2)."""
+    import json  # pylint: disable=import-outside-toplevel
+
+    import tokenizers  # pylint: disable=import-outside-toplevel
+    from tokenizers import decoders, models, pre_tokenizers  # pylint: disable=import-outside-toplevel
+    specials = ["<pad>", "<s>", "</s>"]
+    vocab = {t: i for i, t in enumerate(specials)}
+    vocab.update(self._ids)
+    tok = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex("[\\s\\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
+                            for t in specials])
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>",
+              "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False,
+              "clean_up_tokenization_spaces": False}
+    return {"tokenizer.json": tok.to_str(pretty=True),
+            "tokenizer_config.json": json.dumps(config, indent=2)}
+
   def decode(self, ids: Sequence[int], stop_at_eos: bool = True) -> str:
     out = []
     for i in ids:

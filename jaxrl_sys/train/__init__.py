@@ -15,22 +15,30 @@ Side effects:
 - `RLLoop(...).run() -> RunResult`: prompts -> rollout (any `RolloutClient`; in-process engine
   by default) -> rewards -> advantages -> train -> publish -> checkpoint; sync / one_off /
   async (AReaL staleness), dynamic micro-batching, SIGTERM = save and stop.
-- `Checkpointer`: orbax async saves, keep-last-K, fingerprints, fallback from corrupt steps.
+- `Checkpointer`: orbax async saves, keep-last-K, fingerprints, fallback from corrupt steps;
+  `CheckpointMismatchError` when a checkpoint belongs to another run configuration.
+- `DivergenceGuard` / `DivergenceError`: a non-finite loss or gradient stops the run.
 - `RolloutBuffer`: in-flight groups and partial requests, serialised as arrays + JSON.
-- `RecipeConfig`, `build_recipe`, `run_recipe`: what `python -m experiments.grpo` runs.
-- `supervised_warmup`, `evaluate`, `load_model`, `MetricsLogger`, `plot_history`.
+- `RecipeConfig`, `build_recipe`, `run_recipe`: what `python -m experiments.grpo` runs, in
+  its own run directory (`prepare_run_dir`, `new_run_dir`).
+- `supervised_warmup`, `evaluate`, `PeriodicEval`, `load_model`, `MetricsLogger`, `Progress`,
+  `plot_history`.
 """
 from jaxrl_sys.train.batch import Sample, TrainBatch, pack, stack
 from jaxrl_sys.train.buffer import RolloutBuffer
 from jaxrl_sys.train.checkpoint import Checkpointer, Restored, fingerprint
+from jaxrl_sys.train.compat import CheckpointMismatchError
 from jaxrl_sys.train.config import (ALGOS, MODES, CheckpointConfig, LoopConfig, OptimConfig,
                                     TrainConfig, train_config_for_algo)
 from jaxrl_sys.train.evaluate import evaluate
+from jaxrl_sys.train.guard import DivergenceError, DivergenceGuard
 from jaxrl_sys.train.loop import RLLoop, RunResult
-from jaxrl_sys.train.metrics_log import MetricsLogger, plot_history
+from jaxrl_sys.train.metrics_log import MetricsLogger, Progress, plot_history
 from jaxrl_sys.train.optim import make_optimizer, make_schedule
 from jaxrl_sys.train.presets import load_model
-from jaxrl_sys.train.recipe import RecipeConfig, build_recipe, run_recipe
+from jaxrl_sys.train.periodic_eval import PeriodicEval
+from jaxrl_sys.train.recipe import RecipeConfig, RecipeResult, build_recipe, run_recipe
+from jaxrl_sys.train.run_dir import new_run_dir, prepare_run_dir
 from jaxrl_sys.train.state import (TrainState, abstract_state, init_train_state, state_shardings,
                                    with_shardings)
 from jaxrl_sys.train.step import (Accum, TrainFns, accumulate, apply, init_accum, make_train_fns,
@@ -38,12 +46,13 @@ from jaxrl_sys.train.step import (Accum, TrainFns, accumulate, apply, init_accum
 from jaxrl_sys.train.supervised import supervised_warmup
 
 __all__ = [
-    "ALGOS", "Accum", "CheckpointConfig", "Checkpointer", "LoopConfig", "MODES",
-    "MetricsLogger", "OptimConfig", "RLLoop", "RecipeConfig", "Restored", "RolloutBuffer",
-    "RunResult", "Sample", "TrainBatch", "TrainConfig", "TrainFns", "TrainState",
+    "ALGOS", "Accum", "CheckpointConfig", "CheckpointMismatchError", "Checkpointer",
+    "DivergenceError", "DivergenceGuard", "LoopConfig", "MODES", "MetricsLogger", "OptimConfig",
+    "PeriodicEval", "Progress", "RLLoop", "RecipeConfig", "RecipeResult", "Restored",
+    "RolloutBuffer", "RunResult", "Sample", "TrainBatch", "TrainConfig", "TrainFns", "TrainState",
     "abstract_state", "accumulate", "apply", "build_recipe", "evaluate", "fingerprint",
     "init_accum", "init_train_state", "load_model", "make_optimizer", "make_schedule",
-    "make_train_fns", "pack", "plot_history", "run_recipe", "stack", "state_shardings",
-    "supervised_warmup", "token_logprobs", "train_config_for_algo", "train_step",
-    "with_shardings",
+    "make_train_fns", "new_run_dir", "pack", "plot_history", "prepare_run_dir", "run_recipe",
+    "stack", "state_shardings", "supervised_warmup", "token_logprobs", "train_config_for_algo",
+    "train_step", "with_shardings",
 ]

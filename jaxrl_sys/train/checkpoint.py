@@ -6,21 +6,25 @@ One checkpoint step holds two items:
   meta: JSON: the step, a fingerprint of every state leaf, and the loop's host state (data
     position, admission counters, the serialised rollout buffer: plain arrays + JSON).
 
-Restoring takes a target of ShapeDtypeStructs carrying the *new* shardings, so a checkpoint
-written on one mesh restores onto any other. The latest step is tried first; if orbax raises
-(truncated or missing files) or the fingerprint differs (silent corruption), the step directory
-is renamed aside with a warning and the previous step is tried.
+The metadata also records the run's identity (`CheckpointConfig.identity`) and the state's
+layout (leaf shapes and dtypes). Restoring takes a target of ShapeDtypeStructs carrying the
+*new* shardings, so a checkpoint written on one mesh restores onto any other. The latest step is
+tried first. A checkpoint of another configuration (identity or layout differ) raises
+`CheckpointMismatchError` naming the differences and is left alone; only a real read failure
+(orbax raises on truncated or missing files) or a fingerprint mismatch (silent corruption)
+renames the step directory aside with a warning and tries the previous step.
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import orbax.checkpoint as ocp
 
+from jaxrl_sys.train.compat import CheckpointMismatchError, check_compatible, state_layout
 from jaxrl_sys.train.config import CheckpointConfig
 from jaxrl_sys.train.state import TrainState
 from jaxrl_sys.utils.fingerprint import fingerprint
@@ -30,10 +34,12 @@ _FIELDS = TrainState._fields
 
 
 class Restored(NamedTuple):
-  """A restored checkpoint: the step, the state (on the target's shardings), the host dict."""
+  """A restored checkpoint: the step, the state (on the target's shardings), the host dict,
+  and one line per newer step that could not be read and was moved aside (`skipped`)."""
   step: int
   state: TrainState
   host: dict
+  skipped: tuple[str, ...] = ()
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -86,7 +92,8 @@ class Checkpointer:
     step = int(jax.device_get(state.step))
     if step in self._mngr.all_steps():
       return False
-    meta = {"format": 1, "step": step, "host": host, "saved_at": time.time()}
+    meta = {"format": 1, "step": step, "host": host, "saved_at": time.time(),
+            "identity": self.config.identity, "layout": state_layout(state_to_dict(state))}
     if self.config.checksum:
       meta["fingerprint"] = fingerprint(state_to_dict(state))
     args = ocp.args.Composite(state=ocp.args.StandardSave(state_to_dict(state)),
@@ -101,14 +108,19 @@ class Checkpointer:
     self._mngr.wait_until_finished()
     self._mngr.close()
 
+  def _read_meta(self, step: int) -> dict:
+    meta = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    if not isinstance(meta, dict) or int(meta.get("step", -1)) != step:
+      raise CorruptCheckpointError(f"checkpoint {step}: metadata names step "
+                                   f"{meta.get('step') if isinstance(meta, dict) else meta}")
+    return meta
+
   def _restore_step(self, step: int, target: TrainState) -> Restored:
-    args = ocp.args.Composite(state=ocp.args.StandardRestore(state_to_dict(target)),
-                              meta=ocp.args.JsonRestore())
-    out = self._mngr.restore(step, args=args)
-    meta = out["meta"]
-    state = state_from_dict(dict(out["state"]))
-    if int(meta.get("step", -1)) != step:
-      raise CorruptCheckpointError(f"checkpoint {step}: metadata names step {meta.get('step')}")
+    meta = self._read_meta(step)
+    check_compatible(step, self.directory, meta, self.config.identity,
+                     state_layout(state_to_dict(target)))
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(state_to_dict(target)))
+    state = state_from_dict(dict(self._mngr.restore(step, args=args)["state"]))
     expected = meta.get("fingerprint")
     if expected is not None and fingerprint(state_to_dict(state)) != list(expected):
       raise CorruptCheckpointError(f"checkpoint {step}: state does not match its fingerprint")
@@ -123,20 +135,30 @@ class Checkpointer:
       step: a specific step (no fallback); default: latest, falling back to older ones.
 
     Returns:
-      `Restored` or None when the directory holds no usable checkpoint.
+      `Restored` (its `skipped` lists the newer steps moved aside) or None when the directory
+      holds no usable checkpoint.
+
+    Raises:
+      CheckpointMismatchError: the newest readable checkpoint was written by a run with another
+        configuration (`CheckpointConfig.identity`) or state layout; nothing is moved.
     """
     self.wait()
     steps = [step] if step is not None else sorted(self._mngr.all_steps(), reverse=True)
+    skipped: list[str] = []
     for s in steps:
       try:
-        return self._restore_step(s, target)
+        got = self._restore_step(s, target)
+        return got._replace(skipped=tuple(skipped))
+      except CheckpointMismatchError:
+        raise
       except Exception as e:  # pylint: disable=broad-except
         if step is not None:
           raise
         moved = self._quarantine(s)
-        log.warning("checkpoint at step %d in %s is unreadable or corrupt (%s: %s); moved it "
-                    "to %s and trying the previous one", s, self.directory, type(e).__name__,
-                    str(e)[:300], moved)
+        note = (f"checkpoint at step {s} is unreadable or corrupt ({type(e).__name__}: "
+                f"{str(e)[:200]}); moved it to {moved}")
+        log.warning("%s in %s; trying the previous one", note, self.directory)
+        skipped.append(note)
     return None
 
   def _quarantine(self, step: int) -> str:

@@ -29,6 +29,9 @@ class OptimConfig:
     b1, b2, eps: Adam moments.
     weight_decay: decoupled weight decay (AdamW).
     grad_clip: global-norm clip; 0 disables it.
+    skip_nonfinite: drop an update whose gradient is not finite (`optax.apply_if_finite`)
+      instead of applying it; the loop's divergence guard then records the skip and stops
+      only after several in a row (default False: the guard stops at the first one).
   """
   learning_rate: float = 1e-3
   schedule: str = "constant"
@@ -40,6 +43,7 @@ class OptimConfig:
   eps: float = 1e-8
   weight_decay: float = 0.0
   grad_clip: float = 1.0
+  skip_nonfinite: bool = False
 
   def __post_init__(self):
     if not self.learning_rate > 0:
@@ -128,12 +132,16 @@ class CheckpointConfig:
     keep: keep the last K checkpoints.
     async_save: let orbax write in the background.
     checksum: store a fingerprint of the state and verify it on restore.
+    identity: JSON-serialisable fields that define the run (model, task, algorithm, ...);
+      stored with every checkpoint, and a restore whose identity differs raises
+      `CheckpointMismatchError` naming the fields (None: not recorded or compared).
   """
   directory: str | None = None
   save_every: int = 0
   keep: int = 3
   async_save: bool = True
   checksum: bool = True
+  identity: dict | None = None
 
   def __post_init__(self):
     if self.save_every < 0:

@@ -23,7 +23,7 @@ _EVAL_GROUP_OFFSET = 1 << 24  # request ids far from the training ones (keys dif
 
 def evaluate(params: Any, config: ModelConfig, task, tokenizer, indices: Sequence[int], *,
              loop_config: LoopConfig, samples: int = 4, seed: int = 0, client=None,
-             moe_state: Any = None) -> float:
+             moe_state: Any = None, version: int = 0) -> float:
   """Mean reward over `samples` completions of each problem in `indices`.
 
   Args:
@@ -37,6 +37,8 @@ def evaluate(params: Any, config: ModelConfig, task, tokenizer, indices: Sequenc
     client: a RolloutClient to use instead of a fresh in-process engine (its weights are
       replaced by `params`).
     moe_state: the policy's MoE balancing state (MoE models; None = zeros).
+    version: the weight version published to the client (a reused client needs a newer one
+      each call).
 
   Returns:
     The mean reward in [0, 1].
@@ -44,10 +46,10 @@ def evaluate(params: Any, config: ModelConfig, task, tokenizer, indices: Sequenc
   params = jax.tree.map(jnp.copy, params)
   moe_state = None if moe_state is None else jax.tree.map(jnp.copy, moe_state)
   if client is None:
-    client = default_client(config, params, loop_config, tokenizer.eos_id, 0, samples,
+    client = default_client(config, params, loop_config, tokenizer.eos_id, version, samples,
                             moe_state=moe_state)
   else:
-    client.publish_weights(params, 0, moe_state)
+    client.publish_weights(params, version, moe_state)
   indices = [int(i) for i in indices]
   gids = [_EVAL_GROUP_OFFSET + k for k in range(len(indices))]
   reqs = group_requests(task, tokenizer, gids, samples, seed=seed,

@@ -32,7 +32,7 @@ import logging
 import math
 import signal
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,7 @@ from jaxrl_sys.train.buffer import Group, RolloutBuffer
 from jaxrl_sys.train.checkpoint import Checkpointer
 from jaxrl_sys.train.config import CheckpointConfig, LoopConfig, TrainConfig
 from jaxrl_sys.train.groups import group_requests, score_groups
+from jaxrl_sys.train.guard import DivergenceGuard
 from jaxrl_sys.train.metrics_log import (MetricsLogger, Progress, peak_flops,
                                          train_flops_per_token)
 from jaxrl_sys.train.optim import make_optimizer, make_schedule
@@ -159,7 +160,7 @@ class RLLoop:
     checkpoint: checkpoint config (directory None = no checkpoints).
     resume: restore the newest usable checkpoint when there is one.
     out_dir: metrics (JSONL, TensorBoard) directory, or None.
-    progress: show the stderr progress line.
+    progress: show the stderr progress bar (bool), or a `metrics_log.Progress` to use.
     rules: logical-axis rules.
     warmup_engine: compile every prefill / decode variant of the default in-process engine
       before the first step (no compilation stalls mid-run; slower start).
@@ -167,6 +168,8 @@ class RLLoop:
     offload: adaptive rollout offload (`rollout.offload.OffloadConfig`): with a manager that
       has local and remote workers, the local ones generate for T_seed at the start of each
       step, then hand their requests to the remote ones; None = off.
+    step_hooks: callables `hook(step, state, row)` run after each step, before its metrics
+      row is logged; they may add entries to `row` (e.g. periodic evaluation).
   """
 
   def __init__(self, model_config: ModelConfig, train_config: TrainConfig, loop_config: LoopConfig,
@@ -175,7 +178,8 @@ class RLLoop:
                engine_config=None, checkpoint: CheckpointConfig = CheckpointConfig(),
                resume: bool = False, out_dir: str | None = None, progress: bool = False,
                rules: Rules = DEFAULT_RULES, warmup_engine: bool = False, clock: Clock = WALL,
-               offload: OffloadConfig | None = None):
+               offload: OffloadConfig | None = None,
+               step_hooks: Sequence[Callable[[int, TrainState, dict], None]] = ()):
     check_lengths(model_config, loop_config)
     if abs(train_config.temperature - loop_config.temperature) > 0:
       raise ValueError(f"TrainConfig.temperature={train_config.temperature} must equal the "
@@ -202,7 +206,10 @@ class RLLoop:
     self.ckpt = Checkpointer(checkpoint) if checkpoint.directory else None
     self.ckpt_cfg, self.resume = checkpoint, resume
     self.logger = MetricsLogger(out_dir)
-    self.progress = Progress(loop_config.steps, progress)
+    self.progress = (progress if isinstance(progress, Progress)
+                     else Progress(loop_config.steps, bool(progress)))
+    self.step_hooks = tuple(step_hooks)
+    self.guard = DivergenceGuard("skip" if train_config.optim.skip_nonfinite else "stop")
     self._stop = threading.Event()
     self.flops_per_token = train_flops_per_token(model_config, loop_config.seq_len,
                                                  reference=train_config.uses_reference)
@@ -222,8 +229,14 @@ class RLLoop:
         if host.get("samples_per_group") not in (None, self.samples):
           raise ValueError(f"checkpoint has {host['samples_per_group']} samples per group, this "
                            f"run {self.samples}; resume with the same --group_size / --algo")
-        log.info("resumed from step %d (%s)", got.step, self.ckpt.directory)
+        for note in got.skipped:
+          self.progress.message(f"warning: {note}")
+        self.progress.message(f"resumed from step {got.step} ({self.ckpt.directory})")
         return got.state, host, got.step
+      self.progress.message(f"nothing to resume: {self.ckpt.directory} holds no checkpoint; "
+                            "starting a fresh run")
+    elif self.resume:
+      self.progress.message("nothing to resume: no checkpoint directory; starting a fresh run")
     if self.ckpt is not None and not self.resume and self.ckpt.all_steps():
       raise ValueError(
           f"checkpoint directory {self.ckpt.directory} already holds checkpoints (steps "
@@ -390,6 +403,7 @@ class RLLoop:
       client.add_tick_hook(self.driver)
     self._last_progress = self.clock.now()
     counters = _client_counters(client)
+    self.progress.phase("compiling... (first step)")
     history, preempted = [], False
     try:
       while step < self.lc.steps:
@@ -412,9 +426,14 @@ class RLLoop:
         counters = now_counters
         row["groups_buffered"] = len(buffer.groups)
         row["group_ids"] = [g.group_id for g in taken]
+        for hook in self.step_hooks:
+          hook(step, state, row)
+        diverged = self.guard.check(step, row, self.ckpt)
         history.append(row)
         self.logger.log(step, row)
         self.progress.update(step, row, newline=step % max(self.lc.log_every, 1) == 0)
+        if diverged is not None:  # logged, never checkpointed
+          raise diverged
         stop = self._stop.is_set()
         if self.ckpt is not None and (stop or step == self.lc.steps or (
             self.ckpt_cfg.save_every and step % self.ckpt_cfg.save_every == 0)):

@@ -3,15 +3,18 @@ FLOP / MFU estimate."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
-import time
+import threading
 from typing import Any, Mapping, Sequence
 
 import jax
 
 from jaxrl_sys.models import ModelConfig
+
+log = logging.getLogger(__name__)
 
 # Dense bf16 peak FLOP/s per device, by substring of `device_kind` (lower case). CPU: a nominal
 # figure, so the MFU column is only a relative number there.
@@ -89,46 +92,103 @@ class MetricsLogger:
 
 
 class Progress:
-  """A one-line stderr progress display (`\\r` updates; a newline every `every` steps)."""
+  """The stderr progress bar (tqdm) of a run, plus its one-line messages.
 
-  def __init__(self, total: int, enabled: bool = True, stream=None):
+  The bar appears as soon as the object is made, with a phase label ("starting", "supervised
+  warm-up", "compiling...", then "training") and, on a terminal, a clock that keeps ticking
+  while a phase compiles; `update` moves it to a step and shows reward / KL. `message` prints a
+  line above the bar (or on its own when the bar is off and `messages` is on; else it only
+  logs).
+
+  Args:
+    total: number of train steps.
+    enabled: show the bar.
+    stream: where to write (default stderr).
+    messages: print `message` lines (default: `enabled`).
+    start: the step the run starts from (a resumed run).
+  """
+
+  def __init__(self, total: int, enabled: bool = True, stream=None, messages: bool | None = None,
+               start: int = 0):
     self.total, self.enabled = total, enabled
+    self.messages = enabled if messages is None else messages
     self.stream = stream or sys.stderr
-    self._t0 = time.monotonic()
+    self._bar = None
+    self._ticker = None
+    self._closed = threading.Event()
+    if enabled:
+      from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+      self._bar = tqdm(total=total, initial=start, desc="starting", file=self.stream,
+                       dynamic_ncols=True, leave=True, unit="step",
+                       bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed}<{remaining}"
+                                  "{postfix}")
+      if getattr(self.stream, "isatty", lambda: False)():  # a log file gets no clock ticks
+        self._ticker = threading.Thread(target=self._tick, daemon=True, name="progress")
+        self._ticker.start()
+
+  def _tick(self) -> None:
+    while not self._closed.wait(1.0):
+      bar = self._bar
+      if bar is not None:
+        bar.refresh()
+
+  def phase(self, text: str) -> None:
+    """Labels what the run is doing now (e.g. "compiling...")."""
+    if self._bar is not None:
+      self._bar.set_description_str(text)
+
+  def message(self, text: str) -> None:
+    """A line for the user (resume decisions, warnings, where the outputs go)."""
+    log.info("%s", text)
+    if not self.messages:
+      return
+    if self._bar is not None:
+      self._bar.write(text, file=self.stream)
+    else:
+      self.stream.write(text + "\n")
+      self.stream.flush()
 
   def update(self, step: int, metrics: Mapping[str, Any], newline: bool = False) -> None:
-    if not self.enabled:
+    """Moves the bar to `step`; with `newline`, also prints the step's summary line."""
+    if self._bar is None:
       return
-    width = 24
-    done = int(width * step / max(self.total, 1))
-    bar = "#" * done + "." * (width - done)
     get = lambda k, d=float("nan"): metrics.get(k, d)  # noqa: E731
-    line = (f"\r[{bar}] step {step}/{self.total} reward {get('reward_mean'):.3f}"
-            f" kl {get('kl'):.4f} step {get('time_step', 0.0):.2f}s"
-            f" elapsed {time.monotonic() - self._t0:.0f}s")
-    self.stream.write(line + ("\n" if newline else ""))
-    self.stream.flush()
+    summary = f"reward {get('reward_mean'):.3f} kl {get('kl'):.4f}"
+    if "eval_reward" in metrics:
+      summary += f" eval {get('eval_reward'):.3f}"
+    self._bar.set_description_str("training")
+    self._bar.set_postfix_str(f"{summary} {get('time_step', 0.0):.2f}s/step", refresh=False)
+    self._bar.update(step - self._bar.n)
+    if newline:
+      self._bar.write(f"step {step}/{self.total} {summary}", file=self.stream)
 
   def close(self) -> None:
-    if self.enabled:
-      self.stream.write("\n")
-      self.stream.flush()
+    self._closed.set()
+    if self._bar is not None:
+      self._bar.close()
+      self._bar = None
 
 
 def plot_history(history: Sequence[Mapping[str, Any]], path: str,
-                 keys: Sequence[str] = ("reward_mean", "kl"), title: str = "") -> str:
-  """Saves a PNG with one panel per key (x = step)."""
+                 keys: Sequence[str | Sequence[str]] = ("reward_mean", "kl"),
+                 title: str = "") -> str:
+  """Saves a PNG with one panel per entry of `keys` (x = step); an entry that is a tuple of
+  keys draws them in one panel with a legend (e.g. ("reward_mean", "eval_reward"))."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.5))
   axes = [axes] if len(keys) == 1 else list(axes)
-  for ax, key in zip(axes, keys):
-    pts = [(h["step"], h[key]) for h in history if key in h]
-    if pts:
-      ax.plot(*zip(*pts), marker=".")
+  for ax, panel in zip(axes, keys):
+    series = (panel,) if isinstance(panel, str) else tuple(panel)
+    for key in series:
+      pts = [(h["step"], h[key]) for h in history if key in h]
+      if pts:
+        ax.plot(*zip(*pts), marker=".", label=key)
+    if len(series) > 1:
+      ax.legend()
     ax.set_xlabel("step")
-    ax.set_title(key)
+    ax.set_title(" / ".join(series))
     ax.grid(alpha=0.3)
   if title:
     fig.suptitle(title)

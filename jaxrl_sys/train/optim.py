@@ -31,7 +31,9 @@ def make_schedule(config: OptimConfig) -> optax.Schedule:
 
 def make_optimizer(config: OptimConfig, *, ess_rule: str = "sqrt",
                    base_ess_ratio: float = 1.0) -> optax.GradientTransformationExtraArgs:
-  """clip_by_global_norm -> AdamW(schedule) -> scale_by_ess.
+  """clip_by_global_norm -> AdamW(schedule) -> scale_by_ess, wrapped in
+  `optax.apply_if_finite` when `config.skip_nonfinite` (a non-finite gradient leaves the
+  parameters and the optimizer state unchanged).
 
   `update(grads, state, params, lr_scale=s)` must be given the ESS multiplier (1.0 = off).
   """
@@ -41,4 +43,8 @@ def make_optimizer(config: OptimConfig, *, ess_rule: str = "sqrt",
   parts.append(optax.adamw(make_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
                            weight_decay=config.weight_decay))
   parts.append(scale_by_ess(rule=ess_rule, base_ess_ratio=base_ess_ratio))
-  return optax.chain(*parts)
+  chain = optax.chain(*parts)
+  if config.skip_nonfinite:
+    # Never give up inside the optimizer: the loop's guard decides when to stop.
+    return optax.apply_if_finite(chain, max_consecutive_errors=2**30)
+  return chain

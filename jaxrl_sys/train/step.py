@@ -33,6 +33,7 @@ from jaxrl_sys.losses.ess import ess_lr_scale, sequence_log_weights
 from jaxrl_sys.losses.policy import policy_loss
 from jaxrl_sys.models import ModelConfig, forward, unembedding
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules, logical_to_spec
+from jaxrl_sys.sharding.axes import BATCH
 from jaxrl_sys.train.batch import TrainBatch
 from jaxrl_sys.train.config import TrainConfig
 from jaxrl_sys.train.state import TrainState, state_shardings
@@ -224,7 +225,7 @@ def train_step(state: TrainState, batch: TrainBatch, *, model_config: ModelConfi
 def batch_sharding(mesh: jax.sharding.Mesh, shape: tuple[int, ...], stacked: bool,
                    rules: Rules = DEFAULT_RULES) -> NamedSharding:
   """Rows over the `batch` logical axis (data parallel); a leading micro axis is unsharded."""
-  axes = ((None,) if stacked else ()) + ("batch",) + (None,) * (len(shape) - 1 - int(stacked))
+  axes = ((None,) if stacked else ()) + (BATCH,) + (None,) * (len(shape) - 1 - int(stacked))
   return NamedSharding(mesh, logical_to_spec(axes, mesh, shape, rules))
 
 

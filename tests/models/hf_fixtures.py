@@ -1,5 +1,4 @@
 """Tiny random-initialised HF checkpoints written with `save_pretrained` (no hub access)."""
-import os
 
 import numpy as np
 
@@ -30,7 +29,8 @@ def make_hf_model(kind: str, directory: str, seed: int = 0, **overrides):
   with torch.no_grad():
     for name, p in model.named_parameters():
       if name.endswith("norm.weight") or name.endswith(".bias"):
-        p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("weight") else 0.1 * torch.randn_like(p))
+        noise = 0.1 * torch.randn_like(p)
+        p.copy_(1.0 + noise if name.endswith("weight") else noise)
   model = model.float().eval()
   model.save_pretrained(directory, safe_serialization=True)
   return model

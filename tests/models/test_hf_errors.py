@@ -25,7 +25,8 @@ def test_unknown_architecture_is_named(tmp_path):
 
 
 def test_missing_tensors_are_named(tmp_path):
-  _write(str(tmp_path), "LlamaForCausalLM", {"model.embed_tokens.weight": np.zeros((16, 8), np.float32)})
+  _write(str(tmp_path), "LlamaForCausalLM",
+         {"model.embed_tokens.weight": np.zeros((16, 8), np.float32)})
   with pytest.raises(ValueError, match=r"missing tensor\(s\).*model.norm.weight"):
     models.load_hf_checkpoint(str(tmp_path))
 

@@ -86,7 +86,8 @@ def test_exported_checkpoint_loads_in_transformers(hf_model, tmp_path):
   import transformers
   kind, _, tm, config, params = hf_model
   models.save_hf_checkpoint(str(tmp_path), config, params)
-  back, info = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), output_loading_info=True)
+  back, info = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path),
+                                                                 output_loading_info=True)
   back = back.float().eval()
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   ids = torch.tensor([[5, 9, 13, 2, 7]])
@@ -101,10 +102,12 @@ def test_bias_free_qwen2_exports_zero_biases(tmp_path):
                            head_dim=16, intermediate_size=64, architecture="Qwen2ForCausalLM")
   params = models.init_params(cfg, jax.random.PRNGKey(0))
   models.save_hf_checkpoint(str(tmp_path), cfg, params)
-  tm, info = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), output_loading_info=True)
+  tm, info = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path),
+                                                               output_loading_info=True)
   assert not info["missing_keys"], info
   ids = np.array([[3, 9, 27, 5]])
   with torch.no_grad():
     ref = tm.float()(torch.tensor(ids)).logits.numpy()
-  ours = models.logits_from_hidden(params, cfg, models.forward(params, cfg, jnp.asarray(ids)).hidden)
+  hidden = models.forward(params, cfg, jnp.asarray(ids)).hidden
+  ours = models.logits_from_hidden(params, cfg, hidden)
   assert np.abs(np.asarray(ours) - ref).max() < 1e-4

@@ -31,7 +31,8 @@ def test_decode_equals_full_forward(pad_side):
     prompt[i, sl], mask[i, sl] = rng.integers(1, 64, n), 1
   new = rng.integers(1, 64, (3, steps)).astype(np.int32)
   cache = models.init_cache(CFG, 3, t + steps)
-  out = models.forward(params, CFG, jnp.asarray(prompt), attention_mask=jnp.asarray(mask), cache=cache)
+  out = models.forward(params, CFG, jnp.asarray(prompt), attention_mask=jnp.asarray(mask),
+                       cache=cache)
   cache = out.cache
   step = jax.jit(lambda p, tok, c: models.forward(p, CFG, tok, cache=c))
   for s in range(steps):

@@ -33,7 +33,8 @@ def test_qwen3_moe_parity_and_roundtrip(tmp_path):
   with torch.no_grad():
     ref = tm(input_ids=torch.tensor(toks), attention_mask=torch.tensor(mask),
              position_ids=torch.tensor(pos)).logits.numpy()
-  h = models.forward(params, config, jnp.asarray(toks, jnp.int32), attention_mask=jnp.asarray(mask)).hidden
+  h = models.forward(params, config, jnp.asarray(toks, jnp.int32),
+                     attention_mask=jnp.asarray(mask)).hidden
   ours = np.asarray(models.logits_from_hidden(params, config, h))
   valid = mask.astype(bool)
   assert np.abs(ours[valid] - ref[valid]).max() < 1e-4

@@ -16,7 +16,8 @@ def test_top_k_and_top_p_filters_against_numpy():
   k = np.asarray(filter_logits(jnp.asarray(logits), 2, 1.0))
   assert set(np.flatnonzero(np.isfinite(k[0]))) == {0, 5}
   # nucleus: keep the smallest prefix (by prob) whose mass reaches p
-  p = np.exp(logits[0] - logits[0].max()); p /= p.sum()
+  p = np.exp(logits[0] - logits[0].max())
+  p /= p.sum()
   order = np.argsort(-p)
   cum = np.cumsum(p[order])
   keep = set(order[: int(np.searchsorted(cum, 0.8) + 1)])
@@ -29,7 +30,8 @@ def test_sampled_frequencies_follow_temperature_softmax():
   keys = jax.random.split(jax.random.PRNGKey(0), 4000)
   s = models.SamplingConfig(temperature=0.7)
   tok, lp = sample_tokens(logits, keys, jnp.zeros(4000, jnp.int32), s)
-  p = np.exp(np.array([1.0, 0.0, -1.0, 0.5]) / 0.7); p /= p.sum()
+  p = np.exp(np.array([1.0, 0.0, -1.0, 0.5]) / 0.7)
+  p /= p.sum()
   freq = np.bincount(np.asarray(tok), minlength=4) / 4000
   assert np.abs(freq - p).max() < 0.03
   np.testing.assert_allclose(np.asarray(lp), np.log(p)[np.asarray(tok)], rtol=1e-5)
@@ -87,7 +89,8 @@ def test_long_greedy_generation_matches_full_forward_recompute():
                         sampling=models.SamplingConfig(temperature=0.0, max_new_tokens=128))
   seq = np.concatenate([toks, np.asarray(out.tokens)], axis=1)
   full_mask = np.concatenate([mask, np.ones_like(np.asarray(out.tokens))], axis=1)
-  hidden = models.forward(params, cfg, jnp.asarray(seq), attention_mask=jnp.asarray(full_mask)).hidden
+  hidden = models.forward(params, cfg, jnp.asarray(seq),
+                          attention_mask=jnp.asarray(full_mask)).hidden
   logp = np.asarray(jax.nn.log_softmax(models.logits_from_hidden(params, cfg, hidden), axis=-1))
   pred = logp[:, 5:-1]                                   # predictions for the 128 new tokens
   new = np.asarray(out.tokens)
@@ -103,7 +106,9 @@ def test_top_k_sampling_draws_only_the_top_k_in_proportion():
   tok, lp = sample_tokens(logits, keys, jnp.zeros(6000, jnp.int32), s)
   tok = np.asarray(tok)
   assert set(np.unique(tok)) == {1, 4}
-  w = np.exp([2.0, 1.5]); w /= w.sum()
+  w = np.exp([2.0, 1.5])
+  w /= w.sum()
   assert abs((tok == 1).mean() - w[0]) < 0.03
-  full = np.exp([0.0, 2.0, 1.0, -1.0, 1.5]); full = np.log(full / full.sum())
+  full = np.exp([0.0, 2.0, 1.0, -1.0, 1.5])
+  full = np.log(full / full.sum())
   np.testing.assert_allclose(np.asarray(lp), full[tok], rtol=1e-5)   # full-distribution logprob

@@ -5,7 +5,7 @@ import numpy as np
 
 import jax
 
-from jaxrl_sys.rollout import Engine, Request, slots
+from jaxrl_sys.rollout import Engine, slots
 from tests.rollout.common import (CFG, SAMPLED, assert_matches, engine_config, make_requests,
                                   params, reference)
 

@@ -29,7 +29,8 @@ def test_rules_fsdp_tp_and_indivisible_dims():
   mesh = sharding.make_mesh("2x4")
   assert sharding.logical_to_spec(("embed", "mlp"), mesh, (64, 128)) == P("data", "model")
   # 2 kv heads cannot split 4 ways: replicated
-  assert sharding.logical_to_spec(("embed", "kv_heads", "head_dim"), mesh, (64, 2, 8)) == P("data", None, None)
+  spec = sharding.logical_to_spec(("embed", "kv_heads", "head_dim"), mesh, (64, 2, 8))
+  assert spec == P("data", None, None)
 
 
 def test_sharded_forward_equals_single_device():

@@ -37,7 +37,8 @@ def test_countdown_reference_answers_score_one_and_cheats_zero():
   for i in range(100):
     p = t.problem(i)
     assert t.reward(p, p.answer) == 1.0
-    assert t.reward(p, str(p.meta["target"])) in (0.0, 1.0)  # only 1 if the target is a given number
+    # only 1 if the target is a given number
+    assert t.reward(p, str(p.meta["target"])) in (0.0, 1.0)
     assert t.reward(p, "1+(") == 0.0
   p = tasks.Problem("2 3 4:14=", "", {"numbers": [2, 3, 4], "target": 14})
   assert t.reward(p, "2+3*4") == 1.0
@@ -69,12 +70,16 @@ def test_failing_reward_function_is_reported_and_scored_zero(caplog):
         raise RuntimeError("kaput")
       return float("nan") if text == "nan" else 1.0
 
-  probs = [tasks.Problem(f"q{i}", "") for i in range(3)]
+  probs = [tasks.Problem(f"q{i}", "") for i in range(4)]
   with caplog.at_level(logging.WARNING):
-    r, errs = tasks.score_completions(Bad(), probs, ["ok", "boom", "nan"])
-  np.testing.assert_array_equal(r, [1.0, 0.0, 0.0])
-  assert [e.index for e in errs] == [1, 2] and errs[0].prompt == "q1" and "kaput" in errs[0].message
-  assert "q1" in caplog.text and "q2" in caplog.text
+    r, errs = tasks.score_completions(Bad(), probs, ["ok", "boom", "ok", "boom"])
+  np.testing.assert_array_equal(r, [1.0, 0.0, 1.0, 0.0])
+  assert [e.index for e in errs] == [1, 3] and errs[0].prompt == "q1" and "kaput" in errs[0].message
+  # one summary line, not one per completion
+  assert len(caplog.records) == 1 and "failed on 2 of 4" in caplog.text and "q1" in caplog.text
+  # a NaN reward is a bug in the reward function: an error naming the prompt
+  with pytest.raises(tasks.NonFiniteRewardError, match="returned nan for prompt 'q2'"):
+    tasks.score_completions(Bad(), probs, ["ok", "ok", "nan", "ok"])
 
 
 def test_supervised_examples_masks():

@@ -25,6 +25,7 @@ def test_grpo_raises_reward_on_arithmetic():
   rc = quick(steps=100, prompts_per_step=64, sft_steps=60, lr_warmup_steps=5,
              learning_rate=1e-3)
   recipe = recipe_lib.build_recipe(rc)
+  rc = recipe.config  # the task's lengths filled in
   mc, tok, task = recipe.model.config, recipe.model.tokenizer, recipe.task
   warm = {}
 

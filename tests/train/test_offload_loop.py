@@ -4,7 +4,8 @@
   without it, bit for bit.
 - With 2 Ray workers slowed by a per-token delay, T_seed converges to where the trainer's wait
   and the remote wait balance; with fast (undelayed) workers, T_seed shrinks below its first
-  window and below the slow workers' fixed point (more of each step goes to the remote workers). Tolerance: over the last 6 steps the mean of (trainer wait - remote wait) is within
+  window and below the slow workers' fixed point (more of each step goes to the remote
+  workers). Tolerance: over the last 6 steps the mean of (trainer wait - remote wait) is within
   20% of the mean step time (the controller's fixed point is a zero mean gap; single steps
   oscillate around it by a few engine steps).
 """

@@ -1,0 +1,142 @@
+"""Reward functions as users bring them, and failure counting for the run's metrics.
+
+A user reward is a plain Python function
+
+    def score(prompt: str, completion: str, **row) -> float
+
+(`row`: the other fields of the prompt's data row, e.g. `answer`), named on the command line
+as `module:function` (`--reward=mymod:score`, the module importable from the working
+directory) or `path/to/file.py:function`.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+from typing import Any, Callable
+
+from jaxrl_sys.tasks.base import Problem, check_finite_reward
+
+log = logging.getLogger(__name__)
+
+RewardFn = Callable[..., float]
+
+
+def exact_match(prompt: str, completion: str, *, answer: Any = None, **row) -> float:
+  """1.0 when the completion, stripped, equals the row's `answer` (stripped), else 0.0.
+
+  The default reward of a data set whose rows carry an `answer` field.
+  """
+  del prompt, row
+  if answer is None:
+    raise ValueError("exact_match needs an 'answer' field in the data row")
+  return float(completion.strip() == str(answer).strip())
+
+
+def load_reward(spec: str) -> RewardFn:
+  """Resolves "module:function" or "path/to/file.py:function" to the function.
+
+  Raises:
+    ValueError: naming the malformed spec, the module that cannot be imported (with its
+      error), or the missing / non-callable attribute.
+  """
+  if not isinstance(spec, str) or spec.count(":") < 1:
+    raise ValueError(f"bad reward {spec!r}: expected module:function (e.g. mymod:score) or "
+                     "path/to/file.py:function")
+  module_name, _, attr = spec.rpartition(":")
+  if not module_name or not attr:
+    raise ValueError(f"bad reward {spec!r}: expected module:function")
+  if module_name.endswith(".py"):
+    path = os.path.abspath(module_name)
+    if not os.path.isfile(path):
+      raise ValueError(f"reward {spec!r}: no file {path}")
+    name = "_jaxrl_reward_" + os.path.splitext(os.path.basename(path))[0]
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(loader_spec)
+    try:
+      loader_spec.loader.exec_module(module)
+    except Exception as e:
+      raise ValueError(f"reward {spec!r}: importing {path} failed: {type(e).__name__}: {e}") from e
+  else:
+    if os.getcwd() not in sys.path and "" not in sys.path:
+      sys.path.insert(0, os.getcwd())
+    try:
+      module = importlib.import_module(module_name)
+    except Exception as e:
+      raise ValueError(
+          f"reward {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); "
+          "run from the directory that holds it, add that directory to PYTHONPATH, or give "
+          "path/to/file.py:function") from e
+  fn = getattr(module, attr, None)
+  if fn is None:
+    raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}")
+  if not callable(fn):
+    raise ValueError(f"reward {spec!r}: {attr!r} is not callable")
+  return fn
+
+
+class CountingTask:
+  """Wraps a task so that reward failures are counted (metrics), not logged per completion.
+
+  A reward that raises scores 0.0; the first failure of each exception type is logged once
+  with its prompt, later ones only counted. A NaN / infinite reward raises
+  `NonFiniteRewardError` naming the prompt. `problem`, `name` and other attributes pass
+  through to the wrapped task.
+  """
+
+  def __init__(self, task):
+    self.task = task
+    self.name = getattr(task, "name", type(task).__name__)
+    self.calls = self.failures = 0
+    self.total_calls = self.total_failures = 0
+    self.first_failure: str | None = None
+    self._seen: set[str] = set()
+
+  def __getattr__(self, item):
+    if item == "task":  # not set yet (copy / unpickle): no recursion
+      raise AttributeError(item)
+    return getattr(self.task, item)
+
+  def problem(self, index: int) -> Problem:
+    return self.task.problem(index)
+
+  def reward(self, problem: Problem, completion: str) -> float:
+    self.calls += 1
+    self.total_calls += 1
+    try:
+      value = self.task.reward(problem, completion)
+    except Exception as e:  # pylint: disable=broad-except
+      self.failures += 1
+      self.total_failures += 1
+      kind = type(e).__name__
+      text = f"{kind}: {e} (prompt {problem.prompt!r}, completion {completion!r})"
+      if self.first_failure is None:
+        self.first_failure = text
+      if kind not in self._seen:
+        self._seen.add(kind)
+        log.warning("reward function of task %r raised %s; scored 0, further failures are "
+                    "counted in the metric reward_failures", self.name, text)
+      return 0.0
+    return check_finite_reward(value, self.name, problem.prompt, completion)
+
+  def take_counts(self) -> tuple[int, int]:
+    """(failures, calls) since the previous call."""
+    out = (self.failures, self.calls)
+    self.failures = self.calls = 0
+    return out
+
+  def metrics_hook(self, step: int, state: Any, row: dict) -> None:
+    """An `RLLoop` step hook: adds `reward_failures` and `reward_failure_frac` to the row."""
+    del step, state
+    failures, calls = self.take_counts()
+    row["reward_failures"] = float(failures)
+    row["reward_failure_frac"] = failures / max(calls, 1)
+
+  def summary(self) -> str | None:
+    """One line for the end of the run, or None when no reward call failed."""
+    if not self.total_failures:
+      return None
+    return (f"reward function failed on {self.total_failures} of {self.total_calls} "
+            f"completions (scored 0); first: {self.first_failure}")
