@@ -1,22 +1,22 @@
 """The Ray object-store weight store across a real actor process: bit-exact round trip with the
-ref nested in an actor call argument, corruption detection, gc. One Ray start per module."""
+ref nested in an actor call argument, corruption detection, gc. Uses the session's Ray."""
 import dataclasses
 import os
 
 import numpy as np
+import ray
 import pytest
 
 from jaxrl_sys.rollout.weights import CorruptWeightsError, make_weight_store
 from jaxrl_sys.rollout.weights_io import host_leaves
 from tests.rollout.test_weights import leaf_bytes, tree
 
-ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 @pytest.fixture(scope="module")
-def reader():
-  ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20,
-           log_to_driver=False)
+def reader(ray_session):
+  del ray_session  # started once per session
 
   @ray.remote(num_cpus=0)
   class Reader:
@@ -31,8 +31,9 @@ def reader():
       except CorruptWeightsError as e:
         return str(e)
 
-  yield Reader.remote()
-  ray.shutdown()
+  actor = Reader.remote()
+  yield actor
+  ray.kill(actor)
 
 
 def test_round_trip_across_an_actor(reader):
