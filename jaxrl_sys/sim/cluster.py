@@ -50,6 +50,7 @@ class SimCluster:
     self.startup, self.rng = startup, rng if rng is not None else np.random.default_rng(0)
     self.sync_push, self.player = sync_push, player
     self.workers: dict[str, SimWorker] = {}
+    self.dying: set[str] = set()  # preempted, fatal report not yet taken
     self.groups: list[SyncGroup] = []
     self.stalls = self.due_now = 0
     self.due_at = -1.0

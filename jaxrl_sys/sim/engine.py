@@ -14,13 +14,16 @@ B per step, so k steps take
 and the engine jumps from event to event in closed form; per-sequence counters are lazy
 (`tokens = gen0 + steps - s0`), so a step costs nothing and an event O(log n).
 
-Admission (SGLang-like, `EngineModel`): waiting sequences start in FIFO order while fewer than
-`max_running` run and the KV cache keeps `kv_headroom` tokens of room per running sequence; each
-admission batch pays one prefill over the new tokens (a shared GRPO prompt is prefilled once per
-engine: prefix cache; a resumed request also re-reads its tokens so far - the cost of migration).
-When the growing contexts overflow the cache, the newest sequences are retracted to the front of
-the queue (their KV is dropped and recomputed at re-admission) until `retract_reserve` steps of
-growth fit.
+Admission follows SGLang's scheduler (`EngineModel`): waiting sequences start in FIFO order
+while the KV cache holds their context plus a reservation for the growth of every running one,
+`ratio x min(budget, 4096)` tokens each; the ratio starts at 0.7 when the engine is idle and
+decays to 0.098 over 600 decode steps (SGLang's new-token-ratio estimate with its default
+constants and its clip of the budget at 4,096). Each admission batch pays one prefill over the
+new tokens (a shared GRPO prompt is prefilled once per engine: prefix cache; a resumed request
+also re-reads its tokens so far - the cost of migration). When the growing contexts overflow the
+cache, the newest sequences are retracted to the front of the queue (their KV is dropped and
+recomputed at re-admission) until 20 steps of growth fit, and the ratio is re-estimated from
+the tokens decoded so far, as SGLang does.
 """
 from __future__ import annotations
 
@@ -38,11 +41,13 @@ class EngineModel:
   """Scheduler and reporting settings of a simulated instance (times in virtual seconds).
 
   Attributes:
-    max_running: most sequences decoded together (SGLang's max running requests / CUDA-graph
-      batch bound; an assumption of that order).
-    kv_headroom: KV tokens kept free per running sequence when admitting (stands in for
-      SGLang's reservation of `new_token_ratio` x remaining budget, ~0.1 x 14K).
-    retract_reserve: after a KV overflow, retract until this many decode steps of growth fit.
+    max_running: most sequences decoded together (SGLang derives its cap from the token pool;
+      this bound only matters for small contexts).
+    reserve_init / reserve_min / reserve_decay_steps / reserve_clip: the KV reservation for
+      running sequences (SGLang defaults: 0.7, 0.7 x 0.14, 600 steps, budgets clipped at 4,096).
+    retract_steps: after a KV overflow, retract until this many decode steps fit (SGLang: 20).
+    admit_every: while a KV-blocked sequence waits and the ratio is still decaying, admission is
+      re-checked every this many decode steps (SGLang checks every step).
     report_interval: seconds between reports when nothing finished (heartbeat; streamed tokens).
     min_report_interval: a report with news (a finish, an admission, an abort acknowledgement, a
       finished weight pull) is sent this long after the previous one at the earliest.
@@ -53,9 +58,13 @@ class EngineModel:
     stream_tokens: the engine streams tokens in chunks of this many (SGLang `--stream-interval`
       10 in RLBoost's release): a preempted instance loses at most this many per request.
   """
-  max_running: int = 256
-  kv_headroom: int = 1024
-  retract_reserve: int = 128
+  max_running: int = 1024
+  reserve_init: float = 0.7
+  reserve_min: float = 0.098
+  reserve_decay_steps: int = 600
+  reserve_clip: int = 4096
+  retract_steps: int = 20
+  admit_every: int = 64
   report_interval: float = 10.0
   min_report_interval: float = 0.2
   command_latency: float = 0.05
@@ -63,12 +72,17 @@ class EngineModel:
   stream_tokens: int = 10
 
   def __post_init__(self):
-    if not (self.max_running >= 1 and self.kv_headroom >= self.retract_reserve >= 1
+    if not (self.max_running >= 1 and 0 <= self.reserve_min <= self.reserve_init <= 1
+            and self.reserve_decay_steps >= 1 and self.reserve_clip >= 1
+            and self.retract_steps >= 1 and self.admit_every >= 1
             and self.report_interval >= self.min_report_interval > 0 and self.command_latency > 0
             and self.stream_interval > 0 and self.stream_tokens >= 1):
-      raise ValueError(f"EngineModel: need max_running >= 1, kv_headroom >= retract_reserve >= 1,"
-                       f" report_interval >= min_report_interval > 0, stream_interval > 0 and "
-                       f"stream_tokens >= 1; got {self}")
+      raise ValueError(f"EngineModel: counts must be >= 1, 0 <= reserve_min <= reserve_init <= 1"
+                       f", report_interval >= min_report_interval > 0, intervals > 0; got {self}")
+
+  @property
+  def reserve_decay(self) -> float:
+    return (self.reserve_init - self.reserve_min) / self.reserve_decay_steps
 
 
 class Seq:
@@ -97,13 +111,18 @@ class SimEngine:
     self.steps = 0              # decode steps so far
     self.running: dict[int, Seq] = {}
     self.heap: list[tuple[int, int]] = []  # (finish step, rid), lazily cleaned
-    self.base = 0               # sum over running of prompt + gen0 - s0
+    self.base = 0               # sum over running of prompt + gen0 - s0 (context = base + B steps)
+    self.gen_base = 0           # sum over running of gen0 - s0
+    self.clip_sum = 0           # sum over running of min(budget, reserve_clip)
+    self.budget_sum = 0         # sum over running of budget
+    self.ratio0, self.ratio_step = model.reserve_init, 0
     self.waiting: collections.deque[Seq] = collections.deque()
     self.prefill_end = -math.inf
     self.frozen_at: float | None = None
     self.finished: list[tuple[Seq, float]] = []  # (seq, time) since the last take
     self.profile: list[tuple[int, int, float]] = []
     self.cached: set[int] = set()  # groups whose prompt KV this engine holds
+    self.last_prompt = 256
     self.decoded = self.prefilled = self.retracted = 0
     self.changed = False        # the running set changed since the last report
 
@@ -111,6 +130,15 @@ class SimEngine:
   def used(self) -> int:
     """KV tokens in use: the running sequences' contexts."""
     return self.base + len(self.running) * self.steps
+
+  def ratio(self) -> float:
+    """SGLang's new-token ratio now (decays per decode step towards `reserve_min`)."""
+    m = self.model
+    return max(self.ratio0 - m.reserve_decay * (self.steps - self.ratio_step), m.reserve_min)
+
+  def free(self) -> float:
+    """KV tokens free after the running sequences' reservation."""
+    return self.cap - self.used() - self.ratio() * self.clip_sum
 
   def tokens(self, s: Seq) -> int:
     """Tokens `s` has generated so far (up to the engine's time)."""
@@ -120,30 +148,52 @@ class SimEngine:
     return list(self.running.values()) + list(self.waiting)
 
   def effective_slots(self) -> int:
-    """Sequences it could run now: running + what the free KV holds at their mean context."""
-    b = len(self.running)
+    """Sequences it could run now: running + new ones (of the last prompt length) that fit."""
+    b, m = len(self.running), self.model
     if math.isinf(self.cap):
-      return self.model.max_running
-    per = max(self.used() / b if b else 0.0, 1.0) + self.model.kv_headroom
-    room = int(max(self.cap - self.used(), 0.0) // per)
-    return max(1, min(self.model.max_running, b + room))
+      return m.max_running
+    per = self.last_prompt + self.ratio() * m.reserve_clip
+    return max(1, min(m.max_running, b + int(max(self.free(), 0.0) // per)))
 
   # ----- commands ------------------------------------------------------------------------------
   def add(self, s: Seq) -> None:
     self.waiting.append(s)
+    self.last_prompt = s.prompt
 
   def remove(self, rid: int) -> Seq | None:
     """Takes `rid` out (an abort); returns it with `gen0` = its tokens so far, or None."""
-    s = self.running.pop(rid, None)
+    s = self.running.get(rid)
     if s is not None:
-      s.gen0 = s.gen0 + self.steps - s.s0
-      self.base -= s.prompt + s.gen0 - self.steps
+      self._stop(s)
       return s
     for i, w in enumerate(self.waiting):
       if w.rid == rid:
         del self.waiting[i]
         return w
     return None
+
+  def _start(self, s: Seq) -> None:
+    s.s0 = self.steps
+    self.running[s.rid] = s
+    self.base += s.prompt + s.gen0 - s.s0
+    self.gen_base += s.gen0 - s.s0
+    self.clip_sum += min(s.budget, self.model.reserve_clip)
+    self.budget_sum += s.budget
+    heapq.heappush(self.heap, (s.s0 + s.target - s.gen0, s.rid))
+    self.changed = True
+
+  def _stop(self, s: Seq) -> None:
+    """`s` leaves the batch; its `gen0` becomes its tokens so far."""
+    del self.running[s.rid]
+    self.base -= s.prompt + s.gen0 - s.s0
+    self.gen_base -= s.gen0 - s.s0
+    self.clip_sum -= min(s.budget, self.model.reserve_clip)
+    self.budget_sum -= s.budget
+    s.gen0 += self.steps - s.s0
+    s.s0 = self.steps
+    self.changed = True
+    if not self.running:  # SGLang resets its estimate when the batch empties
+      self.ratio0, self.ratio_step = self.model.reserve_init, self.steps
 
   def freeze(self, now: float) -> None:
     """The instance's GPUs are taken (the trainer trains): no progress until `thaw`."""
@@ -188,15 +238,20 @@ class SimEngine:
     return None
 
   def _next_k(self) -> int:
-    """Decode steps to the next event (>= 1): a finish, a KV overflow or an arrival."""
-    b = len(self.running)
+    """Decode steps to the next event (>= 1): a finish, a KV overflow, an arrival, or an
+    admission re-check while the reservation ratio decays."""
+    b, m = len(self.running), self.model
     k = self._next_finish()
-    k_kv = int((self.cap - self.used()) // b) if not math.isinf(self.cap) else k
-    k = min(k, k_kv)
-    if self.waiting and self.waiting[0].arrive > self.t:
-      gap = self.waiting[0].arrive - self.t
-      k_a = self._within(gap, b)
-      k = min(k, k_a + (self._dur(k_a, b) < gap))
+    if not math.isinf(self.cap):
+      k = min(k, int((self.cap - self.used()) // b))
+    if self.waiting and b < m.max_running:
+      head = self.waiting[0]
+      if head.arrive > self.t:
+        gap = head.arrive - self.t
+        k_a = self._within(gap, b)
+        k = min(k, k_a + (self._dur(k_a, b) < gap))
+      elif self.ratio() > m.reserve_min:
+        k = min(k, m.admit_every)
     return max(k, 1)
 
   def next_event(self) -> float:
@@ -214,7 +269,7 @@ class SimEngine:
     """Simulates up to virtual time `until` (stops at the last step boundary before it)."""
     if self.frozen_at is not None:
       return
-    while self.t < until:
+    while True:
       if self.prefill_end > self.t:
         if self.prefill_end > until:
           return
@@ -222,16 +277,17 @@ class SimEngine:
       if self._admit():
         continue
       b = len(self.running)
+      if b and self._next_finish() <= 0:
+        self._finish_due()
+        continue
+      if self.t >= until:
+        return
       if b == 0:
         if self.waiting and self.t < self.waiting[0].arrive <= until:
           self.t = self.waiting[0].arrive
           continue
         self.t = until
         return
-      k_fin = self._next_finish()
-      if k_fin <= 0:
-        self._finish_due()
-        continue
       if b > 1 and self.used() > self.cap - b:
         self._retract()
         continue
@@ -242,8 +298,6 @@ class SimEngine:
           self._decode(k, b)
         return
       self._decode(k, b)
-    if self.running and self._next_finish() <= 0:
-      self._finish_due()
 
   def _decode(self, k: int, b: int) -> None:
     dt = self._dur(k, b)
@@ -258,45 +312,43 @@ class SimEngine:
       if k is None or k > 0:
         return
       _, rid = heapq.heappop(self.heap)
-      s = self.running.pop(rid)
-      self.base -= s.prompt + s.gen0 - s.s0
-      s.gen0 = s.target
+      s = self.running[rid]
+      self._stop(s)
       self.finished.append((s, self.t))
-      self.changed = True
 
   def _retract(self) -> None:
-    """KV overflow: drop the newest sequences' KV (they wait at the front, tokens kept)."""
-    reserve = self.model.retract_reserve
-    while len(self.running) > 1 and self.cap - self.used() < len(self.running) * reserve:
+    """KV overflow: drop the newest sequences' KV (they wait at the front, tokens kept) until
+    `retract_steps` steps fit; re-estimate the ratio from the tokens decoded so far."""
+    m = self.model
+    while len(self.running) > 1 and self.cap - self.used() < len(self.running) * m.retract_steps:
       s = max(self.running.values(), key=lambda x: (x.s0, x.rid))
-      self.remove(s.rid)
+      self._stop(s)
       s.arrive = self.t
       self.waiting.appendleft(s)
       self.retracted += 1
-      self.changed = True
+    b = len(self.running)
+    decoded = self.gen_base + b * self.steps
+    self.ratio0 = min(1.0, (decoded + m.retract_steps * b) / max(self.budget_sum, 1))
+    self.ratio_step = self.steps
 
   def _admit(self) -> bool:
     """Starts waiting sequences that fit; True when a prefill began."""
     m, w = self.model, self.waiting
     if not w or w[0].arrive > self.t or len(self.running) >= m.max_running:
       return False
-    used, b, new_tokens, sq, ctx_sum = self.used(), len(self.running), 0, 0.0, 0
-    while w and w[0].arrive <= self.t and b < m.max_running:
+    new_tokens, sq, ctx_sum, ratio = 0, 0.0, 0, self.ratio()
+    while w and w[0].arrive <= self.t and len(self.running) < m.max_running:
       s = w[0]
       ctx = s.prompt + s.gen0
-      if b and used + ctx + m.kv_headroom * (b + 1) > self.cap:
+      need = ctx + ratio * min(s.budget, m.reserve_clip)
+      if self.running and need > self.free():
         break
       w.popleft()
-      s.s0 = self.steps
-      self.running[s.rid] = s
-      self.base += s.prompt + s.gen0 - self.steps
-      heapq.heappush(self.heap, (self.steps + s.target - s.gen0, s.rid))
+      self._start(s)
       new_tokens += s.gen0 + (0 if s.group in self.cached else s.prompt)
       self.cached.add(s.group)
       sq += ctx * ctx
       ctx_sum += ctx
-      used, b = used + ctx, b + 1
-      self.changed = True
     if not new_tokens:
       return False
     self.prefilled += new_tokens

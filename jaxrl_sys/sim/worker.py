@@ -101,6 +101,7 @@ class SimWorker:
     now = self.clock.now()
     if self.dying:
       self.dead = True
+      self.cluster.dying.discard(self.worker_id)
       return self._report("preempted (spot reclaim)")
     if now < self._quiet and self.loading < 0 and not self.cluster.has_commands(self.worker_id):
       return None
@@ -111,6 +112,7 @@ class SimWorker:
     return None
 
   def kill(self) -> None:
+    self.cluster.dying.discard(self.worker_id)
     if not self.dead:
       self.dead = True
       self._end(self.clock.now())
@@ -130,6 +132,7 @@ class SimWorker:
         self.out.append(_chunk(s.rid, s.reported, keep - s.reported, self.version))
         s.reported = keep
     self.dying = True
+    self.cluster.dying.add(self.worker_id)
     self._quiet = -math.inf
     self._end(now)
 
@@ -140,7 +143,10 @@ class SimWorker:
     now = clock.now()
     t = now + max(timeout, 0.0)
     if workers:
-      t = min(t, workers[0].cluster.next_external())
+      c = workers[0].cluster
+      if c.dying:  # a preempted worker's fatal report is due now (it may be between exchanges)
+        return
+      t = min(t, c.next_external())
     for w in workers:
       t = min(t, w.wake_time(now))
     if t <= now and workers:

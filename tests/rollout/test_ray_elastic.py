@@ -71,13 +71,13 @@ def test_sigkill_mid_generation_keeps_every_token(ray_session):  # pylint: disab
 
 
 def test_worker_joining_mid_step_pulls_current_weights_and_takes_work(ray_session):  # pylint: disable=unused-argument
-  m = _manager([_worker("j0", delay=0.02)])
+  m = _manager([_worker("j0", delay=0.05)])  # ~5 s of generation: the step outlasts a join
   m.publish_weights(common.params(), 2)  # the current version is 2 when the step starts
   reqs = common.make_requests(9, seed=42, group=3)
   for r in reqs:
     r.max_new_tokens, r.min_version = 12, 2
   m.submit(reqs)
-  out = m.poll(min_count=1, timeout=60.0)
+  out = m.poll(timeout=0.3)  # the step is under way on j0 (3 slots, Θ=1: 5 requests wait)
   joiner = _worker("j1")
   m.add_worker(joiner)
   while m.num_pending():

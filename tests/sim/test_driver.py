@@ -1,0 +1,122 @@
+"""The simulator's acceptance properties: zero spot = co-located exactly, migration beats restart
+at every preemption point, it runs the real manager / controller / balancer objects, and it is
+deterministic."""
+import json
+
+import pytest
+
+from jaxrl_sys.rollout import balance, fleet, manager, manager_core, offload
+from jaxrl_sys.rollout.traces import constant_trace
+from jaxrl_sys.sim import driver
+from jaxrl_sys.sim.driver import Simulation, simulate
+from tests.sim.common import small, spot_trace, with_manager, with_offload
+
+
+def _strip(res):
+  d = res.to_json()
+  d.pop("mode")
+  d["series"].pop("available", None)
+  return d
+
+
+def test_zero_spot_rlboost_equals_the_colocated_baseline_exactly():
+  rl = simulate(small("rlboost"), constant_trace(0, 1e6))
+  co = simulate(small("colocated"))
+  assert len(co.steps) == 3 and co.throughput > 0
+  assert json.dumps(_strip(rl), sort_keys=True) == json.dumps(_strip(co), sort_keys=True)
+
+
+def _step1(cfg, trace):
+  res = simulate(cfg, trace)
+  return res.steps[1]
+
+
+def _busiest_nodes(cfg, trace, t, k):
+  """The `k` trace nodes whose instances hold the most requests at time `t` (undisturbed)."""
+  sim, seen = Simulation(cfg, trace), {}
+
+  def look(m, now):
+    if now >= t and not seen:
+      seen.update({wid: len(ws.assigned) for wid, ws in m.workers.items()
+                   if wid.startswith("spot-")})
+
+  sim.manager.add_tick_hook(look)
+  sim.run()
+  busiest = sorted(seen, key=lambda w: (-seen[w], w))[:k]
+  return [int(w.split("-n")[1].split(".")[0]) for w in busiest]
+
+
+@pytest.mark.parametrize("frac", [0.25, 0.5, 0.75])
+def test_token_migration_has_less_overhead_than_restart_from_prompt(frac):
+  # Four spot instances; offload everything (T_seed = 0) so the generation phase of step 1 runs
+  # on them; the two busiest are preempted at `frac` of that phase (RLBoost: 3 of 6 at once).
+  cfg = with_offload(small(max_steps=2), fixed=0.0)
+  sim = Simulation(cfg, spot_trace(4, 1e6))
+  ref = sim.run().steps[1]
+  begin = max(e[0] for e in sim.manager.events if e[1] == "pulled" and e[0] < ref.end)
+  t_p = begin + frac * (ref.last_done - begin)  # the spot instances generate from `begin`
+  nodes = _busiest_nodes(cfg, spot_trace(4, 1e6), t_p, 2)
+  trace = spot_trace(4, 1e6, removes=tuple((t_p, i) for i in nodes))
+  mig = _step1(cfg, trace)
+  rst = _step1(with_manager(cfg, migrate_tokens=False), trace)
+  over_mig, over_rst = mig.duration - ref.duration, rst.duration - ref.duration
+  assert mig.delta["lost"] == rst.delta["lost"] == 2 and mig.delta["migrated"] > 0
+  assert mig.delta["tokens_kept"] > 0 and rst.delta["tokens_discarded"] > 0
+  assert over_mig < over_rst, (frac, over_mig, over_rst)
+
+
+def test_the_simulator_runs_the_real_manager_controller_and_balancer(monkeypatch):
+  assert driver.RolloutManager is manager.RolloutManager
+  assert driver.OffloadDriver is offload.OffloadDriver and driver.Fleet is fleet.Fleet
+  calls = {}
+
+  def count(mod, name):
+    real = getattr(mod, name)
+
+    def wrapped(*a, **k):
+      calls[name] = calls.get(name, 0) + 1
+      return real(*a, **k)
+
+    monkeypatch.setattr(mod, name, wrapped)
+
+  for name in ("select_worker", "pending_moves", "running_moves", "plateau_batch"):
+    count(balance, name)
+  count(offload, "offload_update")
+  count(manager_core.ManagerCore, "on_lost")
+  count(manager_core.ManagerCore, "_cut_migrated")
+  cfg = small(max_steps=4)
+  sim = Simulation(cfg, spot_trace(6, 1e6, removes=((60.0, 0), (60.0, 1), (100.0, 2), (110.0, 3))))
+  assert type(sim.manager) is manager.RolloutManager
+  assert isinstance(sim.driver, offload.OffloadDriver) and isinstance(sim.fleet, fleet.Fleet)
+  res = sim.run()
+  assert len(res.steps) == 4
+  for name in ("select_worker", "pending_moves", "running_moves", "plateau_batch",
+               "offload_update", "on_lost", "_cut_migrated"):
+    assert calls.get(name, 0) > 0, (name, calls)
+  assert res.counters["lost"] >= 2 and res.counters["migrated"] > 0
+
+
+def test_same_seed_same_json_other_seed_other_json():
+  cfg, trace = small(max_steps=3), spot_trace(5, 1e6, removes=((55.0, 2),))
+  a = json.dumps(simulate(cfg, trace).to_json(), sort_keys=True)
+  b = json.dumps(simulate(cfg, trace).to_json(), sort_keys=True)
+  c = json.dumps(simulate(small(max_steps=3, seed=1), trace).to_json(), sort_keys=True)
+  assert a == b and a != c
+
+
+def test_every_response_is_trained_on_policy_and_costs_add_up():
+  res = simulate(small(max_steps=3), spot_trace(3, 1e6))
+  cfg = small()
+  n = cfg.workload.prompts_per_step * cfg.workload.group_size
+  assert res.counters["completed"] == 3 * n
+  assert res.tokens == sum(s.tokens for s in res.steps) and res.wall == res.steps[-1].end
+  reserved = cfg.preset.train_nodes * 8 * cfg.prices.on_demand_gpu_hour * res.wall / 3600
+  spot = res.spot_instance_hours * 2 * cfg.prices.spot_gpu_hour
+  assert res.cost == pytest.approx(reserved + spot)
+  assert 0 < res.spot_instance_hours <= 3 * res.wall / 3600 + 1e-9
+
+
+def test_the_horizon_drops_the_unfinished_step():
+  full = simulate(small(max_steps=3))
+  cut = simulate(small(max_steps=None, horizon=(full.steps[1].end + full.steps[2].end) / 2))
+  assert len(cut.steps) == 2 and cut.wall == full.steps[1].end
