@@ -40,15 +40,19 @@ class SimCluster:
     rng: seeded generator for start-up jitter.
     sync_push: synchronous push instead of pull.
     player: the trace player (`next_time()`), or None.
+    warm_until: instances asked for up to this time are already up (no start-up delay): the
+      nodes live when a trace segment begins were running before it.
   """
 
   def __init__(self, clock: ManualClock, preset: ModelPreset, engine_model: EngineModel, *,
                n_senders: int = 1, network: Network = GCP_A3, startup: Startup = COLD_VM,
-               rng: np.random.Generator | None = None, sync_push: bool = False, player=None):
+               rng: np.random.Generator | None = None, sync_push: bool = False, player=None,
+               warm_until: float = -math.inf):
     self.clock, self.preset, self.engine_model = clock, preset, engine_model
     self.pool = SenderPool(n_senders, network)
     self.startup, self.rng = startup, rng if rng is not None else np.random.default_rng(0)
     self.sync_push, self.player = sync_push, player
+    self.warm_until = warm_until
     self.workers: dict[str, SimWorker] = {}
     self.dying: set[str] = set()  # preempted, fatal report not yet taken
     self.groups: list[SyncGroup] = []
@@ -64,8 +68,9 @@ class SimCluster:
     return w
 
   def make_remote(self, worker_id: str) -> SimWorker:
-    delay = startup_delay(self.startup, self.rng)
-    w = SimWorker(worker_id, self, local=False, ready_at=self.clock.now() + delay,
+    now = self.clock.now()
+    delay = 0.0 if now <= self.warm_until else startup_delay(self.startup, self.rng)
+    w = SimWorker(worker_id, self, local=False, ready_at=now + delay,
                   sender=self._pairs % self.pool.n_senders)
     self._pairs += 1
     self.workers[worker_id] = w

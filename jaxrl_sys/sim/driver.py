@@ -98,6 +98,8 @@ class SimConfig:
     max_steps: stop after this many steps (None: the horizon decides).
     seed: all randomness (response lengths, start-up jitter).
     poll_timeout: seconds one wait for completions may take.
+    warm_start: the instances live at the trace's start are up already (a segment is a window
+      of a longer run); later ones pay the start-up delay.
   """
   preset: ModelPreset
   mode: str = "rlboost"
@@ -114,6 +116,7 @@ class SimConfig:
   max_steps: int | None = None
   seed: int = 0
   poll_timeout: float = 60.0
+  warm_start: bool = True
 
   def __post_init__(self):
     if self.mode not in MODES:
@@ -145,7 +148,7 @@ class Simulation:
     self.cluster = SimCluster(self.clock, c.preset, c.engine, n_senders=c.preset.train_nodes,
                               network=c.network, startup=c.startup,
                               rng=np.random.default_rng([c.seed, 1]), sync_push=c.sync_push,
-                              player=self.player)
+                              player=self.player, warm_until=0.0 if c.warm_start else -1.0)
     local = [self.cluster.make_local(f"local-{i}") for i in range(c.local_engines)]
     self.manager = RolloutManager(local, SimWeightStore(c.preset.weight_bytes), c.manager,
                                   self.clock)
@@ -310,6 +313,7 @@ class Simulation:
   def run(self) -> SimResult:
     c = self.cfg
     self.manager.publish_weights(None, 0)
+    self.manager.round()  # the fleet starts the instances live at the start before step 0
     try:
       while c.max_steps is None or len(self.steps) < c.max_steps:
         self._check_horizon()

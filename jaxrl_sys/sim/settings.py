@@ -9,7 +9,9 @@ between mechanisms, not implementations:
   to balance the stages, the nodes only train);
 - `rlboost`: ours (seeding controller with memory and N_prem cap, pull-based weights, token-level
   migration keeping every token, continuous load balancing);
-- the paper's ablations: `no_seeding` (offload everything: T_seed = 0), `no_memory`, `restart`
+- the paper's ablations: `no_seeding` (offload everything: the window pinned at 0 by t_init =
+  t_min = 0 and a negligible rate, so the controller still computes its N_prem cap - its
+  `fixed` mode would switch the cap off too), `no_memory`, `restart`
   (restart-from-prompt instead of token migration), `sync_push` (weights pushed at the step
   start, everyone waits for the slowest, instances that start later wait for the next step);
 - where our design goes beyond RLBoost's release (spec 8), each switched off: `trim_siblings`
@@ -61,7 +63,7 @@ _S = [
     Setting("disagg", "Disagg.BAL (reserved rollout pool)", "baseline", mode="disagg"),
     Setting("rlboost", "RLBoost (ours)", "ours"),
     Setting("no_seeding", "- no seeding (T_seed = 0)", "paper ablation",
-            offload=(("fixed", 0.0),)),
+            offload=(("t_init", 0.0), ("t_min", 0.0), ("rate", 1e-9))),
     Setting("no_memory", "- no controller memory", "paper ablation",
             offload=(("memory", False),)),
     Setting("restart", "- restart from prompt", "paper ablation",

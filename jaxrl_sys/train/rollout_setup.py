@@ -117,12 +117,13 @@ def ray_client(setup: RolloutSetup, model_config: ModelConfig, engine_config: En
   if setup.offload_config() is not None:
     # pylint: disable-next=import-outside-toplevel
     from jaxrl_sys.rollout.worker import InProcessWorker
-    manager.add_worker(InProcessWorker("trainer-0", model_config, engine_config, local=True))
+    manager.add_worker(InProcessWorker("trainer-0", model_config, engine_config, local=True,
+                                       warmup=True))
 
   def factory(worker_id: str):
     return RayWorker(worker_id, model_config, engine_config, num_cpus=setup.worker_cpus,
                      num_gpus=setup.worker_gpus, token_delay=setup.worker_token_delay,
-                     compile_cache=compile_cache)
+                     compile_cache=compile_cache, warmup=True)  # ready = compiled: no stalls
 
   schedule, size = None, setup.num_workers
   if setup.preempt_trace:

@@ -13,7 +13,7 @@ P3 = os.path.join(_REPO, "..", "shared", "traces", "bamboo", "p3-trace.csv")
 
 def test_p3_sampled_like_rlboost_cuts_into_five_two_hour_segments():
   trace = load_bamboo(P3).sample(0.5, 0)
-  assert len(trace.nodes) == 88 or len(trace.nodes) == 89  # round(0.5 * 177)
+  assert len(trace.nodes) == round(0.5 * 177)
   segs = experiment.segments(trace, 2.0)
   assert [n for n, _ in segs] == ["0-2h", "2-4h", "4-6h", "6-8h", "8-10h"]
   for _, s in segs:

@@ -144,7 +144,8 @@ def test_settings_apply_their_switches():
     get_settings("nope")
   base = small()
   assert config_for(SETTINGS["restart"], base).manager.migrate_tokens is False
-  assert config_for(SETTINGS["no_seeding"], base).offload.fixed == 0.0
+  no_seed = config_for(SETTINGS["no_seeding"], base).offload
+  assert no_seed.t_init == no_seed.t_min == 0.0 and no_seed.rate < 1e-6 and no_seed.cap_workers
   assert config_for(SETTINGS["sync_push"], base).sync_push
   rel = config_for(SETTINGS["release"], base)
   assert rel.manager.trim_siblings and not rel.manager.balance and not rel.offload.cap_workers
