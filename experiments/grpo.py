@@ -161,6 +161,8 @@ flags.DEFINE_string("offload", _RC.offload,
                     "Rollout offload with Ray workers: off | adaptive (RLBoost seeding: the "
                     "trainer generates for T_seed, then hands off) | a fixed T_seed in seconds.")
 flags.DEFINE_float("t_seed_init", _RC.t_seed_init, "First seeding window (adaptive offload).")
+flags.DEFINE_float("worker_cpus", _RC.worker_cpus, "Ray resources: CPUs per rollout worker.")
+flags.DEFINE_float("worker_gpus", _RC.worker_gpus, "Ray resources: GPUs per rollout worker.")
 flags.DEFINE_float("worker_token_delay", _RC.worker_token_delay,
                    "Seconds each Ray worker sleeps per token (slow workers, for experiments).")
 

@@ -92,8 +92,7 @@ def main(argv):
         max_steps=FLAGS.max_steps or None)
   disagg, probes = {}, {}
   if any(s.mode == "disagg" for s in settings):
-    for name, base in bases.items():
-      disagg[name], probes[name] = experiment.size_disagg(base)
+    disagg, probes = experiment.size_disagg(bases, jobs=FLAGS.jobs)
   rows = experiment.run_grid(bases, settings, segs, FLAGS.jobs, disagg)
   summary = report.summarize(rows, seg_names)
   for name in bases if any(s.name == "rlboost" for s in settings) else ():

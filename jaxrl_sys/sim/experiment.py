@@ -16,9 +16,9 @@ from typing import Any, Sequence
 
 from jaxrl_sys.rollout.traces import Trace
 from jaxrl_sys.sim.driver import SimConfig, simulate
-from jaxrl_sys.sim.settings import Setting, config_for
+from jaxrl_sys.sim.settings import SETTINGS, Setting, config_for
 
-DISAGG_CANDIDATES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+DISAGG_CANDIDATES = (1, 2, 3, 4, 6, 8, 10, 12, 16)
 
 
 def segments(trace: Trace, hours: float) -> list[tuple[str, Trace]]:
@@ -32,19 +32,34 @@ def segments(trace: Trace, hours: float) -> list[tuple[str, Trace]]:
   return out
 
 
-def size_disagg(base: SimConfig, candidates: Sequence[int] = DISAGG_CANDIDATES,
-                steps: int = 3, within: float = 0.95) -> tuple[int, dict[int, float]]:
-  """Disagg.BAL's pool: the fewest reserved rollout instances whose throughput (over `steps`
-  steps) is within `within` of the best candidate's - the point where rollout keeps pace with
-  training (StreamRL's resource optimizer balances the two stages). Returns `(n, {n: tok/s})`."""
-  from jaxrl_sys.sim.settings import SETTINGS  # pylint: disable=import-outside-toplevel
-  thr = {}
-  for n in candidates:
-    cfg = dataclasses.replace(config_for(SETTINGS["disagg"], base, n), max_steps=steps,
-                              horizon=1e9)
-    thr[n] = simulate(cfg).throughput
-  best = max(thr.values())
-  return min(n for n, t in thr.items() if t >= within * best), thr
+def _throughput(cfg: SimConfig) -> float:
+  return simulate(cfg).throughput
+
+
+def size_disagg(bases: dict[str, SimConfig], candidates: Sequence[int] = DISAGG_CANDIDATES,
+                steps: int = 3, within: float = 0.95,
+                jobs: int = 1) -> tuple[dict[str, int], dict[str, dict[int, float]]]:
+  """Disagg.BAL's pool per preset: the fewest reserved rollout instances whose throughput (over
+  `steps` steps) is within `within` of the best candidate's - the point where rollout keeps
+  pace with training (StreamRL's resource optimizer balances the two stages). Returns
+  `({preset: n}, {preset: {n: tok/s}})`."""
+  keys = [(name, n) for name in bases for n in candidates]
+  cfgs = [dataclasses.replace(config_for(SETTINGS["disagg"], bases[name], n), max_steps=steps,
+                              horizon=1e9) for name, n in keys]
+  thr: dict[str, dict[int, float]] = {name: {} for name in bases}
+  for (name, n), t in zip(keys, _map(_throughput, cfgs, jobs)):
+    thr[name][n] = t
+  best = {name: min(n for n, t in v.items() if t >= within * max(v.values()))
+          for name, v in thr.items()}
+  return best, thr
+
+
+def _map(fn, items: list, jobs: int) -> list:
+  if jobs <= 1:
+    return [fn(x) for x in items]
+  ctx = multiprocessing.get_context("fork")
+  with cf.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+    return list(pool.map(fn, items))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +93,4 @@ def run_grid(bases: dict[str, SimConfig], settings: Sequence[Setting],
       else:
         n = (disagg or {}).get(name, 0)
         work.append(Job(name, s, None, config_for(s, base, n), None))
-  if jobs <= 1:
-    return [_run(j) for j in work]
-  ctx = multiprocessing.get_context("fork")
-  with cf.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-    return list(pool.map(_run, work))
+  return _map(_run, work, jobs)

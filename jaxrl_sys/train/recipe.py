@@ -105,6 +105,8 @@ class RecipeConfig:
   chaos_kill_every: float = 0.0
   chaos_restart_after: float = 2.0
   worker_token_delay: float = 0.0
+  worker_cpus: float = 1.0
+  worker_gpus: float = 0.0
   offload: str = "off"
   t_seed_init: float = 2.0
 
@@ -264,7 +266,8 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
                          preempt_trace=rc.preempt_trace, trace_time_scale=rc.trace_time_scale,
                          chaos_kill_every=rc.chaos_kill_every,
                          chaos_restart_after=rc.chaos_restart_after,
-                         worker_token_delay=rc.worker_token_delay, offload=rc.offload,
+                         worker_token_delay=rc.worker_token_delay, worker_cpus=rc.worker_cpus,
+                         worker_gpus=rc.worker_gpus, offload=rc.offload,
                          t_seed_init=rc.t_seed_init)
   return Recipe(rc, spec, model, CountingTask(task), train, loop, ckpt, rollout, eval_task,
                 eval_indices)

@@ -104,6 +104,20 @@ class RolloutSetup:
                          startup_timeout=self.startup_timeout, max_attempts=self.max_attempts)
 
 
+def check_ray_resources(setup: RolloutSetup) -> None:
+  """Raises a clear error when one worker asks for more than the whole Ray cluster has (it
+  would wait for resources forever)."""
+  from jaxrl_sys.rollout.ray_worker import import_ray  # pylint: disable=import-outside-toplevel
+  have = import_ray().cluster_resources()
+  for key, want, flag in (("CPU", setup.worker_cpus, "--worker_cpus"),
+                          ("GPU", setup.worker_gpus, "--worker_gpus")):
+    if want > have.get(key, 0.0):
+      raise ValueError(
+          f"each Ray rollout worker asks for {key}={want:g} but the Ray cluster has "
+          f"{have.get(key, 0.0):g} {key}s in all ({setup.ray_address or 'local Ray'}): lower "
+          f"{flag}, or add nodes with that resource (`ray start --address=...` on them)")
+
+
 def ray_client(setup: RolloutSetup, model_config: ModelConfig, engine_config: EngineConfig, *,
                seed: int = 0, compile_cache: str | None = None,
                clock: Clock = WALL) -> RolloutManager:
@@ -112,6 +126,7 @@ def ray_client(setup: RolloutSetup, model_config: ModelConfig, engine_config: En
   # pylint: disable-next=import-outside-toplevel
   from jaxrl_sys.rollout.ray_worker import RayWorker, init_ray
   init_ray(setup.ray_address)
+  check_ray_resources(setup)
   store = make_weight_store(setup.weight_store or "ray")
   manager = RolloutManager(store=store, config=setup.manager_config(), clock=clock)
   if setup.offload_config() is not None:

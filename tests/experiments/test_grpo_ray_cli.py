@@ -1,0 +1,31 @@
+"""`experiments.grpo --rollout=ray` end to end as a user runs it, and the error for a worker
+that can never start."""
+import os
+
+import pytest
+
+from jaxrl_sys.train.rollout_setup import RolloutSetup, check_ray_resources
+from tests.experiments.test_grpo_cli import _run
+
+pytestmark = pytest.mark.xdist_group("ray")
+
+
+def test_worker_asking_for_missing_resources_is_a_clear_error(ray_session):  # pylint: disable=unused-argument
+  with pytest.raises(ValueError, match=r"asks for GPU=1 but the Ray cluster has 0 GPUs.*"
+                                       r"lower --worker_gpus"):
+    check_ray_resources(RolloutSetup(rollout="ray", worker_gpus=1))
+  with pytest.raises(ValueError, match="--weight_store=memory only serves in-process workers"):
+    RolloutSetup(rollout="ray", weight_store="memory")
+  with pytest.raises(ValueError, match="act on Ray workers: use them with --rollout=ray"):
+    RolloutSetup(chaos_kill_every=3.0)
+
+
+def test_cli_ray_workers_with_chaos_and_adaptive_offload(tmp_path):
+  trace = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces",
+                       "parcae", "trace_ll_10_11.txt")
+  rc, _, err = _run(["--steps=4", "--rollout=ray", "--num_workers=2", "--offload=adaptive",
+                     "--t_seed_init=0.2", f"--preempt_trace={trace}", "--trace_time_scale=0.05",
+                     f"--out_dir={tmp_path}"], timeout=400)
+  assert rc == 0, err
+  assert "done: step 4/4" in err, err
+  assert os.path.exists(tmp_path / "offload.png")
