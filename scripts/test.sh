@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the test environment and runs the whole test suite (what CI runs).
+# Installs the test environment (with Ray: the elastic-rollout tests run real Ray workers) and
+# runs the whole test suite (what CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh test
+bash scripts/setup_env.sh test,ray
 set +e
 .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
 rc=$?
