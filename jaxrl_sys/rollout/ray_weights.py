@@ -12,14 +12,13 @@ borrowing worker still holds their ref; `gc` drops the store's refs of versions 
 from __future__ import annotations
 
 import dataclasses
-import threading
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
 from jaxrl_sys.rollout.weights import CorruptWeightsError
-from jaxrl_sys.rollout.weights_io import (BackgroundPublisher, chunk_crcs, dtype_from_name,
-                                          host_leaves, verify_leaves)
+from jaxrl_sys.rollout.weights_io import (BackgroundPublisher, BackgroundStore, chunk_crcs,
+                                          dtype_from_name, host_leaves, verify_leaves)
 
 
 def import_ray():
@@ -79,7 +78,7 @@ def _storable(x: np.ndarray) -> np.ndarray:
   return x if x.dtype.isbuiltin == 1 else x.view(f"u{x.dtype.itemsize}")
 
 
-class RayWeightStore:
+class RayWeightStore(BackgroundStore):
   """Versions `ray.put` by the trainer's process; needs Ray started (`ray.init`, or
   `rollout.ray_worker.init_ray`).
 
@@ -92,8 +91,7 @@ class RayWeightStore:
     if not ray.is_initialized():
       raise RuntimeError("the Ray weight store needs a running Ray: call ray.init() (or "
                          "jaxrl_sys.rollout.ray_worker.init_ray()) before creating it")
-    self._refs: dict[int, RayWeightRef] = {}
-    self._lock = threading.Lock()
+    super().__init__()
     self._bg = BackgroundPublisher("ray", max_pending)
 
   def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
@@ -110,32 +108,3 @@ class RayWeightStore:
                        tuple(x.dtype.name for x in leaves), crcs, paths)
     with self._lock:
       self._refs[version] = ref
-
-  def ref(self, version: int | None = None) -> RayWeightRef | None:
-    with self._lock:
-      if version is None:
-        version = max(self._refs) if self._refs else None
-      return self._refs.get(version)
-
-  def latest(self) -> int | None:
-    with self._lock:
-      return max(self._refs) if self._refs else None
-
-  def gc(self, in_use: Iterable[int]) -> list[int]:
-    keep = set(int(v) for v in in_use)
-    with self._lock:
-      newest = max(self._refs) if self._refs else None
-      drop = [v for v in self._refs if v != newest and v not in keep]
-      for v in drop:
-        del self._refs[v]  # Ray frees the object once no worker borrows it either
-    return sorted(drop)
-
-  def check(self) -> None:
-    """Raises `WeightPublishError` if a background publish failed (non-blocking)."""
-    self._bg.check()
-
-  def wait(self) -> None:
-    self._bg.wait()
-
-  def close(self) -> None:
-    self._bg.close()

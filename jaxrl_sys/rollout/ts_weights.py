@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxrl_sys.rollout.weights import CorruptWeightsError
 from jaxrl_sys.rollout import weights_io
-from jaxrl_sys.rollout.weights_io import (BackgroundPublisher,
+from jaxrl_sys.rollout.weights_io import (BackgroundPublisher, BackgroundStore,
                                           bytes_view, check_chunk, decode_tree, encode_tree,
                                           run_parallel, dtype_from_name, host_leaves, verify_leaves)
 
@@ -186,7 +186,7 @@ def open_latest(path_or_url: str | os.PathLike) -> TensorstoreWeightRef | None:
   return _read_latest(_url(path_or_url))
 
 
-class TensorstoreWeightStore:
+class TensorstoreWeightStore(BackgroundStore):
   """Versions written under a directory or tensorstore kvstore URL (see the module docstring).
 
   `publish` takes a host copy synchronously and writes in the background; `ref(v)` is None until
@@ -201,7 +201,7 @@ class TensorstoreWeightStore:
   def __init__(self, path_or_url: str | os.PathLike, *, max_pending: int = 2):
     self.url = _url(path_or_url)
     self._kv = _kvstore(self.url)
-    self._lock = threading.Lock()
+    super().__init__()
     latest = _read_latest(self.url)
     dirs: dict[int, bool] = {}
     for key in self._kv.list().result():
@@ -278,10 +278,6 @@ class TensorstoreWeightStore:
           self._refs[version] = ref
     return ref
 
-  def latest(self) -> int | None:
-    with self._lock:
-      return max(self._refs) if self._refs else None
-
   def gc(self, in_use: Iterable[int]) -> list[int]:
     keep = set(int(v) for v in in_use)
     with self._lock:
@@ -301,13 +297,3 @@ class TensorstoreWeightStore:
         except OSError:
           pass
     return sorted(drop)
-
-  def check(self) -> None:
-    """Raises `WeightPublishError` if a background publish failed (non-blocking)."""
-    self._bg.check()
-
-  def wait(self) -> None:
-    self._bg.wait()
-
-  def close(self) -> None:
-    self._bg.close()

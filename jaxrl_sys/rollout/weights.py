@@ -106,21 +106,14 @@ class MemoryWeightRef:
                     "use --weight_store=ray or --weight_store=tensorstore:PATH for Ray workers")
 
 
-class MemoryWeightStore:
-  """Versions kept as the published pytrees (zero copy). The arrays must not be donated or
-  mutated after `publish` (the train step donates everything but the parameters)."""
+class VersionTable:
+  """Committed versions -> refs, thread-safe: the part every store shares."""
 
   def __init__(self):
-    self._refs: dict[int, MemoryWeightRef] = {}
+    self._refs: dict[int, Any] = {}
     self._lock = threading.Lock()
 
-  def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
-    with self._lock:
-      if self._refs and version <= max(self._refs):
-        raise ValueError(f"weight version {version} is not newer than {max(self._refs)}")
-      self._refs[int(version)] = MemoryWeightRef(version, params, moe_state)
-
-  def ref(self, version: int | None = None) -> MemoryWeightRef | None:
+  def ref(self, version: int | None = None):
     with self._lock:
       if version is None:
         version = max(self._refs) if self._refs else None
@@ -131,6 +124,7 @@ class MemoryWeightStore:
       return max(self._refs) if self._refs else None
 
   def gc(self, in_use: Iterable[int]) -> list[int]:
+    """Forgets committed versions older than the newest that are not in `in_use`."""
     keep = set(int(v) for v in in_use)
     with self._lock:
       newest = max(self._refs) if self._refs else None
@@ -138,6 +132,17 @@ class MemoryWeightStore:
       for v in drop:
         del self._refs[v]
     return sorted(drop)
+
+
+class MemoryWeightStore(VersionTable):
+  """Versions kept as the published pytrees (zero copy). The arrays must not be donated or
+  mutated after `publish` (the train step donates everything but the parameters)."""
+
+  def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
+    with self._lock:
+      if self._refs and version <= max(self._refs):
+        raise ValueError(f"weight version {version} is not newer than {max(self._refs)}")
+      self._refs[int(version)] = MemoryWeightRef(version, params, moe_state)
 
   def check(self) -> None:
     return

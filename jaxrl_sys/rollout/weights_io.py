@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxrl_sys.rollout.weights import CorruptWeightsError, WeightPublishError
+from jaxrl_sys.rollout.weights import CorruptWeightsError, VersionTable, WeightPublishError
 
 CHUNK_BYTES = 8 << 20  # one crc32 per 8 MiB of an array: one big array verifies in parallel
 _log = logging.getLogger(__name__)
@@ -162,6 +162,20 @@ class BackgroundPublisher:
       with self._lock:
         self._closed = True
       self._exec.shutdown(wait=True)
+
+
+class BackgroundStore(VersionTable):
+  """A store whose versions are written by a `BackgroundPublisher` (`self._bg`)."""
+
+  def check(self) -> None:
+    """Raises `WeightPublishError` if a background publish failed (non-blocking)."""
+    self._bg.check()
+
+  def wait(self) -> None:
+    self._bg.wait()
+
+  def close(self) -> None:
+    self._bg.close()
 
 
 # ----- tree structure as JSON (no pickle in shared files) ----------------------------------------

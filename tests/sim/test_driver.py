@@ -1,6 +1,7 @@
 """The simulator's acceptance properties: zero spot = co-located exactly, migration beats restart
 at every preemption point, it runs the real manager / controller / balancer objects, and it is
 deterministic."""
+import dataclasses
 import json
 
 import pytest
@@ -120,3 +121,14 @@ def test_the_horizon_drops_the_unfinished_step():
   full = simulate(small(max_steps=3))
   cut = simulate(small(max_steps=None, horizon=(full.steps[1].end + full.steps[2].end) / 2))
   assert len(cut.steps) == 2 and cut.wall == full.steps[1].end
+
+
+def test_a_preset_calibrated_from_our_benchmarks_drives_the_same_simulation():
+  from jaxrl_sys.sim import calibrate_from_benchmarks  # pylint: disable=import-outside-toplevel
+  from tests.sim.test_lengths_calibrate import benchmark_dicts  # pylint: disable=import-outside-toplevel
+  _, generate, grpo, engine = benchmark_dicts()
+  preset = calibrate_from_benchmarks(generate, grpo, engine, name="measured")
+  cfg = dataclasses.replace(small(max_steps=2), preset=preset)
+  assert cfg.local_engines == 1
+  res = simulate(cfg, spot_trace(2, 1e6))
+  assert len(res.steps) == 2 and res.throughput > 0 and res.preset == "measured"
