@@ -261,14 +261,9 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
                   rc.eval_every else 0)
   ckpt = CheckpointConfig(directory=rc.checkpoint_dir, save_every=rc.save_every,
                           keep=rc.keep_checkpoints, identity=json.loads(json.dumps(identity)))
-  rollout = RolloutSetup(rollout=rc.rollout, num_workers=rc.num_workers,
-                         ray_address=rc.ray_address, weight_store=rc.weight_store,
-                         preempt_trace=rc.preempt_trace, trace_time_scale=rc.trace_time_scale,
-                         chaos_kill_every=rc.chaos_kill_every,
-                         chaos_restart_after=rc.chaos_restart_after,
-                         worker_token_delay=rc.worker_token_delay, worker_cpus=rc.worker_cpus,
-                         worker_gpus=rc.worker_gpus, offload=rc.offload,
-                         t_seed_init=rc.t_seed_init)
+  # RolloutSetup's fields are RecipeConfig fields of the same names (flat, flag-facing).
+  rollout = RolloutSetup(**{f.name: getattr(rc, f.name) for f in dataclasses.fields(RolloutSetup)
+                            if hasattr(rc, f.name)})
   return Recipe(rc, spec, model, CountingTask(task), train, loop, ckpt, rollout, eval_task,
                 eval_indices)
 
