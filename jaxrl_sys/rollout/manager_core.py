@@ -428,8 +428,9 @@ class ManagerCore:
     moved = False
     for donor, receiver, n in balance.pending_moves(loads):
       ws, version = self.workers[donor], self.workers[receiver].version
+      unsent = {r.request_id for r in ws.commands.submit}  # not waiting there yet: in transit
       pending = [r for r in ws.assigned if r not in ws.running and not self.requests[r].moving
-                 and self.requests[r].request.min_version <= version]
+                 and r not in unsent and self.requests[r].request.min_version <= version]
       k = self.evacuate(donor, pending[-n:], target=receiver)
       if k:
         self.events.append((self.clock.now(), "move", donor, f"{k} pending to {receiver}"))

@@ -154,6 +154,7 @@ class Simulation:
                                   self.clock)
     self.cluster.manager = self.manager
     self.manager.add_tick_hook(self.cluster.reap)
+    self.manager.add_tick_hook(self._watchdog)
     self.fleet = None
     if self.player is not None:
       self.fleet = Fleet(self.cluster.make_remote, schedule=self.player)
@@ -177,6 +178,7 @@ class Simulation:
     self._tokens: dict[int, int] = {}
     self._ready: list[int] = []
     self._last_done = 0.0
+    self._same_time, self._ticks_now = -1.0, 0
 
   # ----- time ----------------------------------------------------------------------------------
   def _check_horizon(self) -> None:
@@ -234,6 +236,15 @@ class Simulation:
   def _local_idle(self) -> bool:
     return not any(self.manager.workers[w.worker_id].assigned for w in self.cluster.local()
                    if w.worker_id in self.manager.workers)
+
+  def _watchdog(self, manager, now: float) -> None:
+    """Fails loudly if the manager keeps acting without virtual time passing (a livelock)."""
+    if now != self._same_time:
+      self._same_time, self._ticks_now = now, 0
+    self._ticks_now += 1
+    if self._ticks_now > 100_000:
+      raise RuntimeError(f"simulation stuck at t={now:.3f} s: 100000 manager ticks without "
+                         f"time passing. {manager.describe()}")
 
   def _sync_guard(self, manager, now: float) -> None:  # pylint: disable=unused-argument
     """Synchronous push: when no remote instance can serve this step's version any more, the

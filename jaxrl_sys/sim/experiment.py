@@ -37,7 +37,7 @@ def _throughput(cfg: SimConfig) -> float:
 
 
 def size_disagg(bases: dict[str, SimConfig], candidates: Sequence[int] = DISAGG_CANDIDATES,
-                steps: int = 3, within: float = 0.95,
+                steps: int = 2, within: float = 0.95,
                 jobs: int = 1) -> tuple[dict[str, int], dict[str, dict[int, float]]]:
   """Disagg.BAL's pool per preset: the fewest reserved rollout instances whose throughput (over
   `steps` steps) is within `within` of the best candidate's - the point where rollout keeps
