@@ -74,7 +74,8 @@ def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig,
     (logprobs `[rows, T]` float32, entropy `[rows, T]` float32, MoE aux dict).
   """
   out = forward(params, model_config, batch.tokens, attention_mask=batch.attention_mask,
-                moe_state=moe_state)
+                moe_state=moe_state,
+                unroll_layers=model_config.num_layers <= train_config.unroll_layers_max)
   rows, t, d = out.hidden.shape
   lp, ent = kernels.fused_logprobs(
       out.hidden.reshape(rows * t, d), unembedding(params, model_config),
