@@ -31,11 +31,36 @@ def token_matmul(x, w, contract: int = 1):
   return y.reshape(*lead, *n_shape)
 
 
+@jax.custom_vjp
+def swiglu(gate, up):
+  """`silu(gate) * up` (same shapes), with a one-pass backward.
+
+  Autodiff of the composite keeps sigmoid(gate) and silu(gate) as extra residuals and runs
+  several elementwise passes; here the backward recomputes the sigmoid from `gate` and writes
+  both cotangents in one fused pass: with s = sigmoid(gate),
+  d gate = dh * up * s * (1 + gate * (1 - s)),  d up = dh * gate * s.
+  """
+  return jax.nn.silu(gate) * up
+
+
+def _swiglu_fwd(gate, up):
+  return swiglu(gate, up), (gate, up)
+
+
+def _swiglu_bwd(res, dh):
+  gate, up = res
+  s = jax.nn.sigmoid(gate)
+  return dh * up * (s * (1 + gate * (1 - s))), dh * gate * s
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 def swiglu_mlp(p, x):
   """SwiGLU MLP: `x [..., d]` with w_gate/w_up `[d, f]`, w_down `[f, d]`."""
   gate = token_matmul(x, p["w_gate"])
   up = token_matmul(x, p["w_up"])
-  return token_matmul(jax.nn.silu(gate) * up, p["w_down"])
+  return token_matmul(swiglu(gate, up), p["w_down"])
 
 
 def masked_attention(q, k, v, mask, scale: float):

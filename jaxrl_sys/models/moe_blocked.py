@@ -24,6 +24,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jaxrl_sys.models.layers import swiglu
+
 
 class BlockLayout(NamedTuple):
   """Where each assignment lives in the expert-sorted, block-padded row buffer (see above)."""
@@ -97,7 +99,7 @@ def blocked_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array,
   w = {name: p[name].astype(dt)[lay.block_expert] for name in ("w_gate", "w_up", "w_down")}
   g = jnp.einsum("bmd,bdf->bmf", xs, w["w_gate"])
   u = jnp.einsum("bmd,bdf->bmf", xs, w["w_up"])
-  y = jnp.einsum("bmf,bfd->bmd", jax.nn.silu(g) * u, w["w_down"]).reshape(nb * block, d)
+  y = jnp.einsum("bmf,bfd->bmd", swiglu(g, u), w["w_down"]).reshape(nb * block, d)
   yp = jnp.concatenate([y, jnp.zeros((1, d), dt)])
   ya = yp[jnp.where(active.reshape(-1), lay.row, nb * block)].reshape(n, k, d)
   return jnp.einsum("nkd,nk->nd", ya, gates.astype(dt))

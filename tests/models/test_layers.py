@@ -58,3 +58,17 @@ def test_token_matmul_equals_einsum_in_values_and_grads():
   want = jax.grad(loss(lambda x, w: jnp.einsum("bthk,hkd->btd", x, w)), argnums=(0, 1))(x, w)
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_swiglu_custom_vjp_equals_autodiff():
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.models.layers import swiglu  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(2)
+  g, u, dh = (rng.normal(size=(7, 9)).astype(np.float32) * 3 for _ in range(3))
+  ref = lambda g, u: jax.nn.silu(g) * u  # noqa: E731
+  np.testing.assert_allclose(swiglu(g, u), ref(g, u), rtol=1e-6)
+  got = jax.vjp(swiglu, g, u)[1](dh)
+  want = jax.vjp(ref, g, u)[1](dh)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert jnp.all(jnp.isfinite(jnp.asarray(jax.grad(lambda g: swiglu(g, 1.0))(-100.0))))
