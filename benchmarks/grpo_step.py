@@ -1,6 +1,7 @@
 """GRPO step throughput and reward vs wall-clock on the tiny model (CPU).
 
     python -m benchmarks.grpo_step [--quick]
+    python -m benchmarks.grpo_step --peer_workload [--repeats 3]   # see benchmarks/grpo_peer.py
 
 Part 1: tokens/s of full GRPO steps (rollout + train, sync mode, the default recipe), split
 into rollout and training time (after compilation).
@@ -116,7 +117,18 @@ def plot(curves: list[dict], path: str) -> None:
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--quick", action="store_true", help="few steps (smoke run)")
+  ap.add_argument("--peer_workload", action="store_true",
+                  help="the TRL / Tunix side-by-side workload on generated HF models, train "
+                       "phase against the GEMM roofline (benchmarks/grpo_peer.py)")
+  ap.add_argument("--repeats", type=int, default=3, help="--peer_workload: runs per model")
+  ap.add_argument("--steps", type=int, default=8, help="--peer_workload: steps per run")
+  ap.add_argument("--model_root", default=None,
+                  help="--peer_workload: where the generated models live (default: tmp dir)")
   args = ap.parse_args()
+  if args.peer_workload:
+    from benchmarks import grpo_peer  # pylint: disable=import-outside-toplevel
+    grpo_peer.main(args)
+    return
   t0 = time.monotonic()
   params = warm_params(BASE)
   thr = step_throughput(params, 3 if args.quick else 10)

@@ -1,6 +1,8 @@
 """Building blocks of the policy transformer as pure functions over parameter dicts."""
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -14,12 +16,51 @@ def rms_norm(x, weight, eps: float):
   return weight.astype(x.dtype) * xf.astype(x.dtype)
 
 
+def token_matmul(x, w, contract: int = 1):
+  """`x [..., *k]` times `w [*k, *n]` as one 2-D matmul `[tokens, K] @ [K, N]` -> `[..., *n]`.
+
+  The last `contract` axes of x meet the first `contract` axes of w. Flattening the token axes
+  (batch, seq) and the contracted axes first keeps every forward and backward product a plain
+  2-D GEMM: with several token axes, XLA:CPU lowers the weight gradient (a contraction over
+  batch and seq) through a transposing copy that costs more than the GEMM itself.
+  """
+  lead, k_shape = x.shape[:x.ndim - contract], x.shape[x.ndim - contract:]
+  n_shape = w.shape[contract:]
+  k = math.prod(k_shape)
+  y = jnp.dot(x.reshape(-1, k), w.astype(x.dtype).reshape(k, -1))
+  return y.reshape(*lead, *n_shape)
+
+
+@jax.custom_vjp
+def swiglu(gate, up):
+  """`silu(gate) * up` (same shapes), with a one-pass backward.
+
+  Autodiff of the composite keeps sigmoid(gate) and silu(gate) as extra residuals and runs
+  several elementwise passes; here the backward recomputes the sigmoid from `gate` and writes
+  both cotangents in one fused pass: with s = sigmoid(gate),
+  d gate = dh * up * s * (1 + gate * (1 - s)),  d up = dh * gate * s.
+  """
+  return jax.nn.silu(gate) * up
+
+
+def _swiglu_fwd(gate, up):
+  return swiglu(gate, up), (gate, up)
+
+
+def _swiglu_bwd(res, dh):
+  gate, up = res
+  s = jax.nn.sigmoid(gate)
+  return dh * up * (s * (1 + gate * (1 - s))), dh * gate * s
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 def swiglu_mlp(p, x):
   """SwiGLU MLP: `x [..., d]` with w_gate/w_up `[d, f]`, w_down `[f, d]`."""
-  dt = x.dtype
-  gate = jnp.einsum("...d,df->...f", x, p["w_gate"].astype(dt))
-  up = jnp.einsum("...d,df->...f", x, p["w_up"].astype(dt))
-  return jnp.einsum("...f,fd->...d", jax.nn.silu(gate) * up, p["w_down"].astype(dt))
+  gate = token_matmul(x, p["w_gate"])
+  up = token_matmul(x, p["w_up"])
+  return token_matmul(swiglu(gate, up), p["w_down"])
 
 
 def masked_attention(q, k, v, mask, scale: float):

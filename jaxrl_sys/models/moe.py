@@ -4,8 +4,10 @@ DeepSeek-V3 / Qwen3-MoE style: fine-grained routed SwiGLU experts, optional shar
 (fused into one MLP, optionally behind a Qwen2-MoE sigmoid gate), softmax or sigmoid gating,
 top-k with optional renormalisation and a routed scaling factor, capacity-factor dropping or
 dropless. Implementations (`MoEConfig.implementation`): "ragged" (grouped matmul via
-`jax.lax.ragged_dot`), "dense" (einsum over all experts, the reference) and "expert_parallel"
-(shard_map + all_to_all over a mesh axis; needs `with jax.set_mesh(mesh):` around the call).
+`jax.lax.ragged_dot`), "blocked" (expert-sorted row blocks, one batched GEMM;
+`models/moe_blocked.py`), "auto" (blocked on CPU, ragged on GPU/TPU), "dense" (einsum over all
+experts, the reference) and
+"expert_parallel" (shard_map + all_to_all over a mesh axis; needs `with jax.set_mesh(mesh):`).
 
 Parameters of the MoE layers (L layers, E experts, D hidden, F expert width, S shared width):
   router [L, D, E]; w_gate, w_up [L, E, D, F]; w_down [L, E, F, D]
@@ -27,7 +29,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxrl_sys.models import moe_experts, moe_routing
+from jaxrl_sys.models import moe_blocked, moe_experts, moe_routing
 from jaxrl_sys.models.config import ModelConfig, MoEConfig
 from jaxrl_sys.models.moe_routing import max_violation
 from jaxrl_sys.sharding.axes import EMBED, EXPERT, EXPERT_MLP, LAYERS, MLP
@@ -97,12 +99,23 @@ def moe_param_axes(config: ModelConfig) -> dict:
   return axes
 
 
+def resolve_implementation(implementation: str) -> str:
+  """"auto" -> "blocked" on CPU (XLA:CPU runs a ragged matmul as one dense matmul per expert),
+  "ragged" on GPU/TPU; any other implementation is returned as it is."""
+  if implementation != "auto":
+    return implementation
+  return "blocked" if jax.default_backend() == "cpu" else "ragged"
+
+
 def routed_experts(p: dict, x: jax.Array, routing: moe_routing.Routing, m: MoEConfig) -> jax.Array:
   """Runs the routed experts of one layer with `m.implementation`. `x [tokens, D]` -> same."""
   w = {k: p[k] for k in ("w_gate", "w_up", "w_down")}
-  if m.implementation == "dense":
+  impl = resolve_implementation(m.implementation)
+  if impl == "dense":
     return moe_experts.dense_experts(w, x, routing.experts, routing.gates)
-  if m.implementation == "ragged":
+  if impl == "blocked":
+    return moe_blocked.blocked_experts(w, x, routing.experts, routing.gates, routing.active)
+  if impl == "ragged":
     return moe_experts.ragged_experts(w, x, routing.experts, routing.gates, routing.active,
                                       m.grouped_matmul_impl)
   from jaxrl_sys.sharding import expert_parallel  # pylint: disable=import-outside-toplevel
@@ -212,5 +225,5 @@ def moe_metrics(aux: dict) -> dict:
 
 
 __all__ = ["MoEState", "init_moe_params", "init_moe_state", "moe_aux_loss", "moe_block",
-           "moe_metrics", "moe_param_axes", "moe_state_axes", "routed_experts",
-           "update_moe_state"]
+           "moe_metrics", "moe_param_axes", "moe_state_axes", "resolve_implementation",
+           "routed_experts", "update_moe_state"]

@@ -4,8 +4,9 @@ One row per sample: `prompt + response` right-padded to `seq_len`. The training 
 over `tokens`; position t predicts `targets[t] = tokens[t + 1]`, so the response token j (of a
 prompt of length Lp) is scored at position `Lp - 1 + j`. All per-token arrays (`loss_mask`,
 `behav_logprobs`, `versions`) are aligned with `targets`. Shapes are fixed by the config
-(rows = groups per micro-batch x samples per group, seq_len = prompt bucket + response budget),
-so the step compiles once.
+(rows = groups per micro-batch x samples per group, seq_len = prompt bucket + response budget).
+The groups of a micro-batch are bucketed (`micro_batches`): a step never pays for more than a
+quarter of padding groups, and compiles at most one program per power of two up to m_b.
 """
 from __future__ import annotations
 
@@ -54,6 +55,42 @@ class Sample:
   versions: np.ndarray
   advantage: float
   weight: float = 1.0
+
+
+def micro_batches(num_groups: int, max_groups: int, min_groups: int = 1) -> list[tuple[int, int]]:
+  """Splits `num_groups` groups into micro-batches of at most `max_groups` groups.
+
+  Each micro-batch is `(groups, padded)`: it takes `groups` groups and is packed as `padded`
+  groups, a power of two at least `min_groups` (or `max_groups`), so few shapes are ever
+  compiled and data parallelism can split every micro-batch evenly. A remainder is
+  padded up to the next bucket when that adds at most a quarter of padding groups, and split
+  into a power of two plus the rest otherwise (7 -> [(7, 8)], 5 -> [(4, 4), (1, 1)]).
+
+  Args:
+    num_groups: groups ready to train on (>= 0).
+    max_groups: m_b, the largest micro-batch in groups (>= 1).
+    min_groups: the smallest micro-batch in groups (e.g. the data-parallel degree divided by
+      its common factor with the samples per group); capped at `max_groups`.
+
+  Returns:
+    `[(groups, padded), ...]` with `sum(groups) == num_groups` and `groups <= padded`.
+  """
+  if max_groups < 1:
+    raise ValueError(f"max_groups must be >= 1, got {max_groups}")
+  out, left = [], int(num_groups)
+  while left > 0:
+    if left >= max_groups:
+      out.append((max_groups, max_groups))
+      left -= max_groups
+      continue
+    bucket = min(max(1 << (left - 1).bit_length(), min_groups), max_groups)
+    take = 1 << (left.bit_length() - 1)
+    if 4 * (bucket - left) <= bucket or take < min_groups:
+      out.append((left, bucket))
+      break
+    out.append((take, take))
+    left -= take
+  return out
 
 
 def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0) -> TrainBatch:

@@ -72,6 +72,9 @@ class TrainConfig:
     logprob_impl: "auto" | "pallas" | "xla" for `kernels.fused_logprobs`.
     logprob_chunk: vocabulary chunk of the fused op's XLA path.
     remat: rematerialise the forward pass in the backward pass (saves activation memory).
+    unroll_layers_max: unroll the training forward's layer loop for models with at most this
+      many layers (XLA:CPU runs unrolled layers ~15% faster: no while loop, no stacked
+      residuals); deeper models keep the scan (one compiled layer). 0 = always scan.
   """
   algo: str = "grpo"
   advantage: AdvantageConfig = AdvantageConfig()
@@ -84,6 +87,7 @@ class TrainConfig:
   logprob_impl: str = "auto"
   logprob_chunk: int = 1024
   remat: bool = False
+  unroll_layers_max: int = 8
 
   def __post_init__(self):
     if self.algo not in ALGOS:

@@ -350,14 +350,16 @@ class RLLoop:
     return state, metrics, taken, scored, t_roll, t_train
 
   def _accumulate(self, state, acc, groups: list[Group], scored: list):
-    """Scores `groups`, packs them into micro-batches of m_b groups and accumulates each."""
-    m = self.lc.micro_batch_groups
-    for i in range(0, len(groups), m):
-      chunk = groups[i:i + m]
-      sc = score_groups(chunk, self.task, self.tok, self.tc.advantage, pad_to=m)
+    """Scores `groups`, packs them into micro-batches of at most m_b groups, sized to the
+    groups present (`batch.micro_batches`), and accumulates each."""
+    i = 0
+    for n, padded in batch_lib.micro_batches(len(groups), self.lc.micro_batch_groups,
+                                             self.fns.min_groups(self.samples)):
+      chunk, i = groups[i:i + n], i + n
+      sc = score_groups(chunk, self.task, self.tok, self.tc.advantage, pad_to=padded)
       scored.append(sc)
-      mb = self.fns.put_batch(batch_lib.pack(sc.samples, self.rows, self.lc.seq_len,
-                                             self.tok.pad_id))
+      mb = self.fns.put_batch(batch_lib.pack(sc.samples, padded * self.samples,
+                                             self.lc.seq_len, self.tok.pad_id))
       if acc is None:
         acc = self.fns.init_accum(state, mb)
       acc = self.fns.accumulate(state, acc, mb)
@@ -454,7 +456,7 @@ class RLLoop:
     stopped = np.concatenate([s.stopped.reshape(-1) for s in scored])
     versions = np.concatenate([c.request.versions for g in taken for c in g.completions()])
     gen_tokens = int(lengths.sum())
-    trained_positions = len(scored) * self.rows * self.lc.seq_len
+    trained_positions = sum(len(s.samples) for s in scored) * self.lc.seq_len
     row = {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist())
            for k, v in metrics.items()}
     ndev = self.mesh.devices.size

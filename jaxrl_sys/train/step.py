@@ -20,6 +20,7 @@ policy (KL) is a frozen copy in the state, skipped when the KL coefficient is 0.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -75,7 +76,8 @@ def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig,
     (logprobs `[rows, T]` float32, entropy `[rows, T]` float32, MoE aux dict).
   """
   out = forward(params, model_config, batch.tokens, attention_mask=batch.attention_mask,
-                moe_state=moe_state)
+                moe_state=moe_state,
+                unroll_layers=model_config.num_layers <= train_config.unroll_layers_max)
   rows, t, d = out.hidden.shape
   lp, ent = kernels.fused_logprobs(
       out.hidden.reshape(rows * t, d), unembedding(params, model_config),
@@ -248,6 +250,14 @@ class TrainFns:
   shardings: TrainState
   mesh: jax.sharding.Mesh
   rules: Rules
+
+  def min_groups(self, samples_per_group: int) -> int:
+    """Fewest groups whose rows (`samples_per_group` each) split evenly over the devices that
+    shard the batch (1 without data parallelism)."""
+    spec = logical_to_spec(("batch",), self.mesh, None, self.rules)[0]
+    axes = () if spec is None else ((spec,) if isinstance(spec, str) else tuple(spec))
+    shards = math.prod(self.mesh.shape[a] for a in axes)
+    return shards // math.gcd(shards, samples_per_group)
 
   def put_batch(self, batch: TrainBatch) -> TrainBatch:
     """Places a host batch (`[rows, T]` or `[micro, rows, T]`) on the mesh."""

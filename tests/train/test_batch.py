@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jaxrl_sys.rollout.types import Completion, FinishReason, Request, request_key
-from jaxrl_sys.train.batch import Sample, pack, split, stack
+from jaxrl_sys.train.batch import Sample, micro_batches, pack, split, stack
 from jaxrl_sys.train.buffer import RolloutBuffer
 from jaxrl_sys.train.groups import request_keys
 
@@ -57,3 +57,21 @@ def test_buffer_json_is_exact_and_plain():
   np.testing.assert_array_equal(got.request.key, done.key)
   assert back.partials[0].tokens.tolist() == [9] and not back.groups[3].complete
   assert back.to_json() == buf.to_json()
+
+
+@pytest.mark.parametrize("max_groups,min_groups", [(16, 1), (8, 2), (12, 1), (4, 4)])
+def test_micro_batches_cover_the_groups_with_little_padding(max_groups, min_groups):
+  shapes = set()
+  for n in range(0, 40):
+    mbs = micro_batches(n, max_groups, min_groups)
+    assert sum(g for g, _ in mbs) == n
+    for g, padded in mbs:
+      shapes.add(padded)
+      assert 1 <= g <= padded <= max_groups
+      assert padded == max_groups or (padded & (padded - 1) == 0 and padded >= min_groups)
+      # padding only up to a quarter of the micro-batch, or where min_groups forces it
+      assert 4 * (padded - g) <= padded or padded == min(max(min_groups, 1), max_groups) or (
+          g < min_groups)
+  assert len(shapes) <= max_groups.bit_length() + 1          # few compiled shapes
+  assert micro_batches(8, 16) == [(8, 8)]                     # the 8-group step: no padding
+  assert micro_batches(5, 16) == [(4, 4), (1, 1)]

@@ -1,0 +1,105 @@
+"""The block-sparse CPU expert path against the dense all-experts einsum (values and gradients)."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_sys import models
+from jaxrl_sys.models import moe, moe_blocked, moe_experts
+
+
+def _experts(e=4, d=16, f=8, seed=0):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 3)
+  return {"w_gate": 0.3 * jax.random.normal(ks[0], (e, d, f)),
+          "w_up": 0.3 * jax.random.normal(ks[1], (e, d, f)),
+          "w_down": 0.3 * jax.random.normal(ks[2], (e, f, d))}
+
+
+def _routing(n, e, k, seed, skew=0.0, drop_every=0):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 2)
+  logits = jax.random.normal(ks[0], (n, e)) + skew * jnp.arange(e)[None, :]
+  g, experts = jax.lax.top_k(jax.nn.softmax(logits), k)
+  active = jnp.ones((n, k), bool)
+  if drop_every:
+    active = active & (jnp.arange(n * k).reshape(n, k) % drop_every != 0)
+  gates = jnp.where(active, g / g.sum(-1, keepdims=True), 0.0)
+  return experts.astype(jnp.int32), gates, active
+
+
+@pytest.mark.parametrize("n,e,k,block,skew,drop", [
+    (24, 4, 2, 8, 0.0, 0),      # balanced
+    (24, 4, 2, 8, 50.0, 0),     # every token on the same two experts (one block per 8 rows)
+    (37, 4, 2, 16, 0.0, 3),     # ragged count, inactive assignments (padding / capacity drops)
+    (5, 8, 1, None, 0.0, 0),    # fewer tokens than experts, default block size
+])
+def test_blocked_equals_dense_values_and_grads(n, e, k, block, skew, drop):
+  p = _experts(e)
+  x = jax.random.normal(jax.random.PRNGKey(7), (n, 16))
+  experts, gates, active = _routing(n, e, k, seed=n, skew=skew, drop_every=drop)
+
+  def loss(fn, p, x, gates):
+    y = fn(p, x, gates)
+    return jnp.sum(y * jnp.cos(y))
+
+  def dense(p, x, gates):
+    return moe_experts.dense_experts(p, x, experts, jnp.where(active, gates, 0.0))
+
+  def blocked(p, x, gates):
+    return moe_blocked.blocked_experts(p, x, experts, gates, active, block=block)
+
+  np.testing.assert_allclose(blocked(p, x, gates), dense(p, x, gates), atol=1e-5)
+  g_ref = jax.grad(lambda *a: loss(dense, *a), argnums=(0, 1, 2))(p, x, gates)
+  g_got = jax.jit(jax.grad(lambda *a: loss(blocked, *a), argnums=(0, 1, 2)))(p, x, gates)
+  g_ref = (g_ref[0], g_ref[1], jnp.where(active, g_ref[2], 0.0))
+  g_got = (g_got[0], g_got[1], jnp.where(active, g_got[2], 0.0))
+  for a, b in zip(jax.tree_util.tree_leaves(g_got), jax.tree_util.tree_leaves(g_ref)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
+
+
+def test_layout_places_every_active_assignment_once_in_its_experts_block():
+  n, e, k, block = 30, 4, 2, 8
+  experts, _, active = _routing(n, e, k, seed=3, skew=2.0, drop_every=4)
+  lay = jax.device_get(moe_blocked.block_layout(experts, active, e, block))
+  rows = moe_blocked.num_blocks(n * k, e, block) * block
+  flat_e, flat_a = np.asarray(experts).reshape(-1), np.asarray(active).reshape(-1)
+  live = lay.row[flat_a]
+  assert len(set(live.tolist())) == flat_a.sum() and (live < rows).all()
+  assert (lay.row[~flat_a] == rows).all()
+  np.testing.assert_array_equal(lay.block_expert[live // block], flat_e[flat_a])
+  np.testing.assert_array_equal(lay.src[live], (np.arange(n * k) // k)[flat_a])
+  assert (np.delete(lay.src, live) == n).all()                    # the rest is padding
+
+
+def test_block_size_bounds_padding():
+  assert moe_blocked.block_size(5120, 8) == 128
+  assert moe_blocked.block_size(128, 8) == 8
+  for a, e in ((5120, 8), (128, 8), (3000, 64)):
+    b = moe_blocked.block_size(a, e)
+    assert b == 8 or e * b * 4 <= a
+
+
+def test_auto_runs_blocked_on_cpu_and_the_model_matches_dense():
+  assert moe.resolve_implementation("auto") == "blocked"          # the tests run on CPU
+  assert moe.resolve_implementation("ragged") == "ragged"
+  cfg = models.ModelConfig(vocab_size=48, hidden_size=32, num_layers=2, num_heads=4,
+                           num_kv_heads=2, head_dim=8, intermediate_size=64, max_seq_len=32,
+                           moe=models.MoEConfig(num_experts=4, num_experts_per_tok=2,
+                                                expert_intermediate_size=16))
+  assert cfg.moe.implementation == "auto"
+  dense = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, implementation="dense"))
+  params = models.init_params(cfg, jax.random.PRNGKey(0))
+  toks = jax.random.randint(jax.random.PRNGKey(1), (3, 7), 1, 48)
+  mask = jnp.array([[0, 0, 1, 1, 1, 1, 1], [1] * 7, [1, 1, 1, 0, 0, 0, 0]])
+
+  def loss(p, c):
+    h = models.forward(p, c, toks, attention_mask=mask).hidden
+    return jnp.sum(jnp.where(mask[..., None] > 0, h, 0.0) ** 2)
+
+  ref, g_ref = jax.value_and_grad(loss)(params, dense)
+  got, g_got = jax.value_and_grad(loss)(params, cfg)
+  np.testing.assert_allclose(float(got), float(ref), rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(g_got), jax.tree_util.tree_leaves(g_ref)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
