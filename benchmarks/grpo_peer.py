@@ -34,7 +34,8 @@ from jaxrl_sys.train.metrics_log import train_flops_per_token
 
 WORKLOAD = dict(task="arithmetic", task_args="num_digits=2,ops=+", group_size=8,
                 prompts_per_step=8, max_new_tokens=32, max_prompt_len=8, sft_steps=0,
-                kl_coef=0.04, learning_rate=1e-5, lr_warmup_steps=0, progress=False)
+                kl_coef=0.04, learning_rate=1e-5, lr_warmup_steps=0, progress=False,
+                chat_template=False)  # the peers feed the raw "a+b=" text
 
 
 def gemm_shapes(mc, tokens: int) -> list[tuple[int, int, int]]:
