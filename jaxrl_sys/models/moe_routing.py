@@ -146,8 +146,9 @@ def expert_load(experts: jax.Array, mask: jax.Array, num_experts: int) -> jax.Ar
 
 
 def route(scores: jax.Array, valid: jax.Array, *, k: int, norm_topk_prob: bool,
-          routed_scaling_factor: float = 1.0, balancing: str = "none", bias: jax.Array | None = None,
-          q: jax.Array | None = None, bip_iterations: int = 0, bip_rule: str = "midpoint",
+          routed_scaling_factor: float = 1.0, balancing: str = "none",
+          bias: jax.Array | None = None, q: jax.Array | None = None, bip_iterations: int = 0,
+          bip_rule: str = "midpoint",
           capacity_factor: float = 0.0) -> Routing:
   """Chooses k experts per token and their gate weights.
 

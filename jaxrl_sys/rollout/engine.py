@@ -238,8 +238,8 @@ class Engine:
     c = self.config
     out = self._call(slots.decode, self.params, self.cache, self._pending[:rows],
                      self._keys[:rows], self._index[:rows], self._budget[:rows], live,
-                     self.moe_state, config=self.model_config, sampling=c.sampling, num_steps=c.stream_every,
-                     width=width)
+                     self.moe_state, config=self.model_config, sampling=c.sampling,
+                     num_steps=c.stream_every, width=width)
     self.cache = out[0]
     return out[1:]
 

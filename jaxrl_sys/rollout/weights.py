@@ -18,8 +18,9 @@ Backends (see `make_weight_store`):
 - `rollout.ray_weights.RayWeightStore`: the Ray object store (objects die with the trainer).
 
 Integrity: every array carries one zlib crc32 per `weights_io.CHUNK_BYTES` slice, computed once
-at publish and checked by every `fetch` (chunks are read and checked in parallel threads); a corrupt,
-truncated, missing or half-deleted version raises `CorruptWeightsError` and is never returned.
+at publish and checked by every `fetch` (chunks are read and checked in parallel threads); a
+corrupt, truncated, missing or half-deleted version raises `CorruptWeightsError` and is never
+returned.
 
 Tensorstore layout of version v (a one-key write is atomic on every kvstore; many keys are not):
 `v{v}/a{i}` the raw little-endian bytes of leaf i of `(params, moe_state)` in flatten order, then
