@@ -2,7 +2,7 @@
 so that changes between calls measure the policy, not the data mix.
 
 Generation goes through the same rollout path as training (the in-process engine, sized like
-the loop's by `loop.default_client`), so evaluation adds no separately compiled programs.
+the loop's by `rollout_setup.default_client`), so evaluation adds no separately compiled programs.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from jaxrl_sys.models import ModelConfig
 from jaxrl_sys.tasks import score_completions
 from jaxrl_sys.train.config import LoopConfig
 from jaxrl_sys.train.groups import group_requests
-from jaxrl_sys.train.loop import default_client
+from jaxrl_sys.train.rollout_setup import default_client
 
 _EVAL_GROUP_OFFSET = 1 << 24  # request ids far from the training ones (keys differ too)
 

@@ -19,7 +19,7 @@ Owns every side effect: the rollout client, signals, checkpoints, logs. One iter
    resubmits exactly what was in flight.
 
 The rollout client is any `RolloutClient`; by default a `rollout.RolloutManager` over one
-in-process worker (`rollout.InProcessWorker`), or over Ray workers (see `train.fleet_setup`).
+in-process worker (`rollout.InProcessWorker`), or over Ray workers (see `train.rollout_setup`).
 Time comes from an injected clock; the loop raises when no completion arrives for
 `LoopConfig.stall_timeout` seconds while requests are pending.
 SIGTERM sets a flag: the current step finishes, a checkpoint is forced, and `run` returns
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import signal
 import threading
 from typing import Any, Callable, Sequence
@@ -38,21 +37,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_sys.models import ModelConfig, SamplingConfig
+from jaxrl_sys.models import ModelConfig
 from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.offload import OffloadConfig, OffloadDriver, OffloadState
 from jaxrl_sys.rollout.types import RolloutClient
+from jaxrl_sys.rollout.wire import request_to_json
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules
 from jaxrl_sys.train import batch as batch_lib
-from jaxrl_sys.rollout.wire import request_to_json
 from jaxrl_sys.train.buffer import Group, RolloutBuffer
 from jaxrl_sys.train.checkpoint import Checkpointer
 from jaxrl_sys.train.config import CheckpointConfig, LoopConfig, TrainConfig
 from jaxrl_sys.train.groups import group_requests, score_groups
 from jaxrl_sys.train.guard import DivergenceGuard
-from jaxrl_sys.train.metrics_log import (MetricsLogger, Progress, peak_flops,
-                                         train_flops_per_token)
+from jaxrl_sys.train.metrics_log import (MetricsLogger, Progress, client_counters, peak_flops,
+                                         rollout_metrics, train_flops_per_token)
 from jaxrl_sys.train.optim import make_optimizer, make_schedule
+from jaxrl_sys.train.rollout_setup import check_lengths, default_client, extra_groups
 from jaxrl_sys.train.state import (TrainState, abstract_state, init_train_state, state_shardings,
                                    with_shardings)
 from jaxrl_sys.train.step import make_train_fns
@@ -71,48 +71,6 @@ class RunResult:
   resumed_from: int | None
 
 
-def check_lengths(model_config: ModelConfig, loop: LoopConfig) -> None:
-  """Raises ValueError when the prompt bucket plus the response budget exceed the context."""
-  if loop.seq_len > model_config.max_seq_len:
-    raise ValueError(
-        f"prompt longer than the context: max_prompt_len {loop.max_prompt_len} + max_new_tokens "
-        f"{loop.max_new_tokens} = {loop.seq_len} > the model's max_seq_len "
-        f"{model_config.max_seq_len}")
-
-
-def default_engine_config(loop: LoopConfig, samples_per_group: int, eos_id: int):
-  """An `EngineConfig` sized for the loop's in-flight requests. In-flight requests continue
-  across a weight swap with their KV recomputed under the new weights (`recompute_kv_on_swap`),
-  what aborting and resubmitting them would do, without leaving their worker."""
-  from jaxrl_sys.rollout import EngineConfig  # pylint: disable=import-outside-toplevel
-  groups = (loop.staleness + 1) * loop.prompts_per_step + _extra_groups(loop)
-  return EngineConfig(
-      num_slots=min(groups * samples_per_group, 512), max_len=loop.seq_len,
-      stream_every=min(8, loop.max_new_tokens),
-      sampling=SamplingConfig(temperature=loop.temperature, stop_tokens=(eos_id,)),
-      recompute_kv_on_swap=True)
-
-
-def default_client(model_config: ModelConfig, params, loop: LoopConfig, eos_id: int, version: int,
-                   samples_per_group: int, engine_config=None, moe_state=None, *,
-                   warmup: bool = False, clock: Clock = WALL) -> RolloutClient:
-  """The embedded default: a `RolloutManager` over one in-process worker on this process's
-  devices, with the in-memory (zero-copy) weight store, serving `params` as `version`."""
-  # pylint: disable-next=import-outside-toplevel
-  from jaxrl_sys.rollout import InProcessWorker, RolloutManager
-  ec = engine_config or default_engine_config(loop, samples_per_group, eos_id)
-  manager = RolloutManager([InProcessWorker("local-0", model_config, ec, warmup=warmup)],
-                           clock=clock)
-  manager.publish_weights(params, version, moe_state)
-  return manager
-
-
-def _extra_groups(loop: LoopConfig) -> int:
-  if loop.mode == "async":
-    return 0
-  return int(math.ceil(loop.prompts_per_step * loop.oversample)) - loop.prompts_per_step
-
-
 def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
@@ -121,28 +79,6 @@ def _publish(client, state: TrainState, version: int) -> None:
   """Publishes the parameters as they are (the train step does not donate them, so the
   in-memory store shares them with the engine) and a copy of the MoE state (donated)."""
   client.publish_weights(state.params, version, _copy(state.moe_state))
-
-
-def _client_counters(client) -> dict:
-  """The client's cumulative rollout counters (`RolloutManager.metrics()`), or {}."""
-  fn = getattr(client, "metrics", None)
-  return dict(fn()) if callable(fn) else {}
-
-
-def _rollout_metrics(before: dict, after: dict) -> dict:
-  """Per-step rollout metrics: counter differences over the step plus the gauges."""
-  out = {}
-  for key in ("migrated", "tokens_kept", "balanced", "joined", "lost", "tokens"):
-    if key in after:
-      out[f"rollout_{key}"] = after[key] - before.get(key, 0)
-  n_pulls = after.get("pulls", 0) - before.get("pulls", 0)
-  if n_pulls:
-    out["weight_pulls"] = n_pulls
-    out["weight_pull_s_mean"] = (after["pull_seconds"] - before.get("pull_seconds", 0.0)) / n_pulls
-  for key in ("live_workers", "version_lag"):
-    if key in after:
-      out[key] = after[key]
-  return out
 
 
 class RLLoop:
@@ -263,7 +199,7 @@ class RLLoop:
     partials = buffer.take_partials()
     if partials:
       client.submit(partials)
-    target = (self.lc.staleness + version + 1) * self.lc.prompts_per_step + _extra_groups(self.lc)
+    target = (self.lc.staleness + version + 1) * self.lc.prompts_per_step + extra_groups(self.lc)
     gids = []
     while self.accepted < target:
       gids.append(self.next_prompt)
@@ -404,7 +340,7 @@ class RLLoop:
                                   None if saved is None else OffloadState.from_json(saved))
       client.add_tick_hook(self.driver)
     self._last_progress = self.clock.now()
-    counters = _client_counters(client)
+    counters = client_counters(client)
     self.progress.phase("compiling... (first step)")
     history, preempted = [], False
     try:
@@ -423,8 +359,8 @@ class RLLoop:
         self._boundary(client, buffer, step)
         row = self._metrics(metrics, scored, taken, t_roll, t_train, self.clock.now() - t_step,
                             step - 1)
-        now_counters = _client_counters(client)
-        row.update(_rollout_metrics(counters, now_counters), **offload_row)
+        now_counters = client_counters(client)
+        row.update(rollout_metrics(counters, now_counters), **offload_row)
         counters = now_counters
         row["groups_buffered"] = len(buffer.groups)
         row["group_ids"] = [g.group_id for g in taken]

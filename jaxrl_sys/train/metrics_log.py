@@ -174,10 +174,10 @@ def plot_history(history: Sequence[Mapping[str, Any]], path: str,
                  title: str = "") -> str:
   """Saves a PNG with one panel per entry of `keys` (x = step); an entry that is a tuple of
   keys draws them in one panel with a legend (e.g. ("reward_mean", "eval_reward"))."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.5))
+  # A bare Figure, not pyplot: the caller's backend (a notebook's inline one) stays as it is.
+  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
+  fig = Figure(figsize=(5 * len(keys), 3.5))
+  axes = fig.subplots(1, len(keys))
   axes = [axes] if len(keys) == 1 else list(axes)
   for ax, panel in zip(axes, keys):
     series = (panel,) if isinstance(panel, str) else tuple(panel)
@@ -195,5 +195,26 @@ def plot_history(history: Sequence[Mapping[str, Any]], path: str,
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path, dpi=100)
-  plt.close(fig)
   return path
+
+
+def client_counters(client) -> dict:
+  """The client's cumulative rollout counters (`RolloutManager.metrics()`), or {}."""
+  fn = getattr(client, "metrics", None)
+  return dict(fn()) if callable(fn) else {}
+
+
+def rollout_metrics(before: dict, after: dict) -> dict:
+  """Per-step rollout metrics: counter differences over the step plus the gauges."""
+  out = {}
+  for key in ("migrated", "tokens_kept", "balanced", "joined", "lost", "tokens"):
+    if key in after:
+      out[f"rollout_{key}"] = after[key] - before.get(key, 0)
+  n_pulls = after.get("pulls", 0) - before.get("pulls", 0)
+  if n_pulls:
+    out["weight_pulls"] = n_pulls
+    out["weight_pull_s_mean"] = (after["pull_seconds"] - before.get("pull_seconds", 0.0)) / n_pulls
+  for key in ("live_workers", "version_lag"):
+    if key in after:
+      out[key] = after[key]
+  return out

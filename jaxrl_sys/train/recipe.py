@@ -35,7 +35,8 @@ from jaxrl_sys.train.config import (ALGOS, CheckpointConfig, LoopConfig, OptimCo
 from jaxrl_sys.train.config_file import reproducible
 from jaxrl_sys.train.groups import encode_prompt
 from jaxrl_sys.train.guard import DivergenceError
-from jaxrl_sys.train.loop import RLLoop, RunResult, check_lengths, default_engine_config
+from jaxrl_sys.train.loop import RLLoop, RunResult
+from jaxrl_sys.train.rollout_setup import check_lengths, default_engine_config
 from jaxrl_sys.train.metrics_log import Progress, plot_history
 from jaxrl_sys.train.periodic_eval import SYNTHETIC_EVAL_START, PeriodicEval
 from jaxrl_sys.train.presets import LoadedModel, load_model

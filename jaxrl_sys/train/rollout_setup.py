@@ -4,9 +4,10 @@ random kills (`experiments.grpo --rollout=ray --num_workers=N --preempt_trace=..
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
-from jaxrl_sys.models import ModelConfig
+from jaxrl_sys.models import ModelConfig, SamplingConfig
 from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.config import EngineConfig
 from jaxrl_sys.rollout.fleet import Fleet
@@ -14,7 +15,10 @@ from jaxrl_sys.rollout.manager import RolloutManager
 from jaxrl_sys.rollout.manager_state import ManagerConfig
 from jaxrl_sys.rollout.offload import OffloadConfig
 from jaxrl_sys.rollout.traces import ChaosSchedule, TracePlayer, load_trace
+from jaxrl_sys.rollout.types import RolloutClient
 from jaxrl_sys.rollout.weights import make_weight_store
+from jaxrl_sys.rollout.worker import InProcessWorker
+from jaxrl_sys.train.config import LoopConfig
 
 ROLLOUTS = ("local", "ray")
 
@@ -130,8 +134,6 @@ def ray_client(setup: RolloutSetup, model_config: ModelConfig, engine_config: En
   store = make_weight_store(setup.weight_store or "ray")
   manager = RolloutManager(store=store, config=setup.manager_config(), clock=clock)
   if setup.offload_config() is not None:
-    # pylint: disable-next=import-outside-toplevel
-    from jaxrl_sys.rollout.worker import InProcessWorker
     manager.add_worker(InProcessWorker("trainer-0", model_config, engine_config, local=True,
                                        warmup=True))
 
@@ -153,3 +155,42 @@ def ray_client(setup: RolloutSetup, model_config: ModelConfig, engine_config: En
                              distribution="uniform")
   manager.add_tick_hook(Fleet(factory, schedule=schedule, size=size, cap=setup.num_workers))
   return manager
+
+
+def check_lengths(model_config: ModelConfig, loop: LoopConfig) -> None:
+  """Raises ValueError when the prompt bucket plus the response budget exceed the context."""
+  if loop.seq_len > model_config.max_seq_len:
+    raise ValueError(
+        f"prompt longer than the context: max_prompt_len {loop.max_prompt_len} + max_new_tokens "
+        f"{loop.max_new_tokens} = {loop.seq_len} > the model's max_seq_len "
+        f"{model_config.max_seq_len}")
+
+
+def default_engine_config(loop: LoopConfig, samples_per_group: int, eos_id: int):
+  """An `EngineConfig` sized for the loop's in-flight requests. In-flight requests continue
+  across a weight swap with their KV recomputed under the new weights (`recompute_kv_on_swap`),
+  what aborting and resubmitting them would do, without leaving their worker."""
+  groups = (loop.staleness + 1) * loop.prompts_per_step + extra_groups(loop)
+  return EngineConfig(
+      num_slots=min(groups * samples_per_group, 512), max_len=loop.seq_len,
+      stream_every=min(8, loop.max_new_tokens),
+      sampling=SamplingConfig(temperature=loop.temperature, stop_tokens=(eos_id,)),
+      recompute_kv_on_swap=True)
+
+
+def default_client(model_config: ModelConfig, params, loop: LoopConfig, eos_id: int, version: int,
+                   samples_per_group: int, engine_config=None, moe_state=None, *,
+                   warmup: bool = False, clock: Clock = WALL) -> RolloutClient:
+  """The embedded default: a `RolloutManager` over one in-process worker on this process's
+  devices, with the in-memory (zero-copy) weight store, serving `params` as `version`."""
+  ec = engine_config or default_engine_config(loop, samples_per_group, eos_id)
+  manager = RolloutManager([InProcessWorker("local-0", model_config, ec, warmup=warmup)],
+                           clock=clock)
+  manager.publish_weights(params, version, moe_state)
+  return manager
+
+
+def extra_groups(loop: LoopConfig) -> int:
+  if loop.mode == "async":
+    return 0
+  return int(math.ceil(loop.prompts_per_step * loop.oversample)) - loop.prompts_per_step

@@ -28,7 +28,7 @@ def test_mesh_larger_than_devices():
 
 
 def test_prompt_longer_than_model_context():
-  from jaxrl_sys.train.loop import check_lengths
+  from jaxrl_sys.train.rollout_setup import check_lengths
   from jaxrl_sys.train.presets import load_model
   model = load_model("tiny", max_seq_len=10)
   with pytest.raises(ValueError, match="prompt longer than the context"):
