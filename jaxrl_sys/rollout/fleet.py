@@ -1,8 +1,8 @@
 """The fleet: which remote workers run, following spot availability, within a cap.
 
 `Fleet` is a manager tick hook (`RolloutManager.add_tick_hook`). Availability comes from a
-schedule with `due(now) -> [TraceEvent]` (`traces.TracePlayer` over a Bamboo / Parcae trace,
-`traces.ChaosSchedule` for random kills and restarts) or is static. Each tick it
+schedule with `due(now) -> [TraceEvent]` (`schedules.TracePlayer` over a Bamboo / Parcae trace,
+`schedules.ChaosSchedule` for random kills and restarts) or is static. Each tick it
 
 1. applies due events: an `add` makes a node available; a `remove` preempts the worker on that
    node (a hard kill, like a spot reclaim: the manager then sees it lost and migrates);

@@ -14,7 +14,8 @@ from jaxrl_sys.rollout.fleet import Fleet
 from jaxrl_sys.rollout.manager import RolloutManager
 from jaxrl_sys.rollout.manager_state import ManagerConfig
 from jaxrl_sys.rollout.offload import OffloadConfig
-from jaxrl_sys.rollout.traces import ChaosSchedule, TracePlayer, load_trace
+from jaxrl_sys.rollout.schedules import ChaosSchedule, TracePlayer
+from jaxrl_sys.rollout.traces import load_trace
 from jaxrl_sys.rollout.types import RolloutClient
 from jaxrl_sys.rollout.weights import make_weight_store
 from jaxrl_sys.rollout.worker import InProcessWorker

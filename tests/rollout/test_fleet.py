@@ -3,7 +3,8 @@ import numpy as np
 
 from jaxrl_sys.rollout import ManagerConfig, ManualClock, MemoryWeightStore, RolloutManager
 from jaxrl_sys.rollout.fleet import Fleet
-from jaxrl_sys.rollout.traces import ChaosSchedule, Trace, TraceEvent, TracePlayer
+from jaxrl_sys.rollout.schedules import ChaosSchedule, TracePlayer
+from jaxrl_sys.rollout.traces import Trace, TraceEvent
 from tests.rollout.fake_worker import FakeWorker, expected, make_requests
 
 
