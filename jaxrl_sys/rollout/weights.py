@@ -124,6 +124,23 @@ class VersionTable:
     with self._lock:
       return max(self._refs) if self._refs else None
 
+  def commit(self, version: int, ref: Any) -> None:
+    """Makes `ref` the committed `version`; versions must increase."""
+    with self._lock:
+      if self._refs and version <= max(self._refs):
+        raise ValueError(f"weight version {version} is not newer than {max(self._refs)}")
+      self._refs[int(version)] = ref
+
+  def check(self) -> None:
+    """Raises a failed background publish (stores that write in the background override it)."""
+    return
+
+  def wait(self) -> None:
+    return
+
+  def close(self) -> None:
+    return
+
   def gc(self, in_use: Iterable[int]) -> list[int]:
     """Forgets committed versions older than the newest that are not in `in_use`."""
     keep = set(int(v) for v in in_use)
@@ -140,19 +157,7 @@ class MemoryWeightStore(VersionTable):
   mutated after `publish` (the train step donates everything but the parameters)."""
 
   def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
-    with self._lock:
-      if self._refs and version <= max(self._refs):
-        raise ValueError(f"weight version {version} is not newer than {max(self._refs)}")
-      self._refs[int(version)] = MemoryWeightRef(version, params, moe_state)
-
-  def check(self) -> None:
-    return
-
-  def wait(self) -> None:
-    return
-
-  def close(self) -> None:
-    return
+    self.commit(version, MemoryWeightRef(version, params, moe_state))
 
 
 def make_weight_store(spec: str) -> WeightStore:

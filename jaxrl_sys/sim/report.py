@@ -98,12 +98,12 @@ def plot(rows: Sequence[dict], preset: str, seg_names: Sequence[str], path: str,
          settings: Sequence[str] = ("rlboost",)) -> None:
   """Per segment (columns): live spot instances (available and used), T_seed and step time per
   step (rows), for `settings` and the co-located baseline's step time."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  # A bare Figure, not pyplot: the caller's backend (a notebook's inline one) stays as it is.
+  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
   idx = _index(rows)
   n = max(len(seg_names), 1)
-  fig, ax = plt.subplots(3, n, figsize=(3.2 * n, 7.5), sharex=True, squeeze=False)
+  fig = Figure(figsize=(3.2 * n, 7.5))
+  ax = fig.subplots(3, n, sharex=True, squeeze=False)
   for j, seg in enumerate(seg_names):
     for s in settings:
       r = _get(idx, preset, s, seg)
@@ -131,4 +131,3 @@ def plot(rows: Sequence[dict], preset: str, seg_names: Sequence[str], path: str,
   fig.suptitle(f"{preset}: spot instances, T_seed and step time over the trace")
   fig.tight_layout()
   fig.savefig(path, dpi=90)
-  plt.close(fig)
