@@ -24,9 +24,11 @@ def encode_prompt(tokenizer, text: str, max_prompt_len: int) -> np.ndarray:
   """bos + prompt tokens; raises ValueError when longer than the prompt bucket."""
   ids = np.asarray(tokenizer.encode(text, bos=True), np.int32)
   if len(ids) > max_prompt_len:
-    raise ValueError(f"prompt longer than the context: {text!r} has {len(ids)} tokens but "
-                     f"max_prompt_len={max_prompt_len} (raise --max_prompt_len, within the "
-                     "model's max_seq_len minus max_new_tokens)")
+    templated = " with the model's chat template applied (--nochat_template feeds the raw " \
+        "text)" if getattr(tokenizer, "uses_chat_template", False) else ""
+    raise ValueError(f"prompt longer than the context: {text!r} has {len(ids)} tokens"
+                     f"{templated} but max_prompt_len={max_prompt_len} (raise --max_prompt_len, "
+                     "within the model's max_seq_len minus max_new_tokens)")
   return ids
 
 

@@ -64,6 +64,11 @@ def test_chat_template_matches_transformers(tmp_path):
   assert ours.encode("3+4=", bos=True) == expected
   raw = load_model(d, chat_template=False).tokenizer
   assert raw.encode("3+4=", bos=True) == [1] + ref("3+4=", add_special_tokens=False).input_ids
+  # A prompt that fits raw but not templated: the error says the template made it long.
+  from jaxrl_sys.train.groups import encode_prompt
+  assert len(encode_prompt(raw, "3+4=", 5)) == 5
+  with pytest.raises(ValueError, match="chat template applied .*--nochat_template"):
+    encode_prompt(ours, "3+4=", 5)
 
 
 def test_train_and_export_loads_in_transformers(tmp_path):
