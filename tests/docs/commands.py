@@ -1,0 +1,154 @@
+"""The shell commands of README.md and docs/*.md, and how the test suite exercises each.
+
+`doc_commands()` reads every fenced ```bash / ```sh block (continuation lines joined, comments
+dropped). `COVERAGE` names, for every such command, how it is exercised:
+
+  Run(...)      tests/docs runs it (as written, or with the cheaper settings it names);
+  Mapped(...)     a test elsewhere runs the same command or an equivalent (the node id is
+                checked to exist; `experiments.*` flags are parsed by tests/docs either way);
+  CI(...)       .ci/run runs it;
+  External(...) another tool's command (Ray's CLI): its options are checked against `--help`.
+
+A command added to the docs without an entry here, or an entry whose command left the docs,
+fails `test_every_doc_command_has_an_entry`.
+"""
+import dataclasses
+import glob
+import os
+import re
+import shlex
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOC_FILES = ["README.md"] + sorted(os.path.relpath(p, REPO)
+                                   for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  test: str  # the tests/docs test that runs it
+  how: str = "as written"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mapped:
+  test: str  # pytest node id (file::function) of a test that runs it or an equivalent
+  how: str = "the same flags"
+
+
+@dataclasses.dataclass(frozen=True)
+class CI:
+  how: str
+
+
+@dataclasses.dataclass(frozen=True)
+class External:
+  tool: str
+  options: tuple[str, ...]  # options the command uses, each checked against `tool --help`
+
+
+def normalize(command: str) -> str:
+  return " ".join(shlex.split(command, comments=True))
+
+
+def doc_commands() -> dict[str, list[str]]:
+  """{normalized command: [doc files it appears in]}."""
+  out: dict[str, list[str]] = {}
+  for name in DOC_FILES:
+    with open(os.path.join(REPO, name)) as f:
+      text = f.read()
+    for block in re.findall(r"^```(?:bash|sh)\n(.*?)^```", text, flags=re.S | re.M):
+      for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+        cmd = normalize(line)
+        if cmd:
+          out.setdefault(cmd, []).append(name)
+  return out
+
+
+def module_args(command: str, module: str) -> list[str] | None:
+  """The arguments after `python -m <module>`, or None for another command."""
+  tokens = shlex.split(command)
+  for i in range(len(tokens) - 1):
+    if tokens[i] == "-m" and tokens[i + 1] == module:
+      return tokens[i + 2:]
+  return None
+
+
+_CLI = "tests/experiments/test_grpo_cli.py"
+_HARNESS = "tests/harness/test_cli_harness.py"
+_RAY_CLI = "tests/experiments/test_grpo_ray_cli.py"
+_SIM = "tests/sim/test_experiment.py"
+_RUNS = "tests/docs/test_doc_runs.py"
+_CMDS = "tests/docs/test_doc_commands.py"
+
+COVERAGE = {
+    # README quick start: the two commands CI and a new user run.
+    "bash scripts/quickstart.sh": Run(
+        f"{_RUNS}::test_quickstart_main_job_with_eval",
+        "the script's last line, `python -m experiments.grpo` with its defaults and --steps=2 "
+        "(the script's install step is what scripts/test.sh does in CI)"),
+    "bash scripts/test.sh": CI(".ci/run ends with `exec bash scripts/test.sh`"),
+    "python -m experiments.grpo --steps=20 --eval_every=10": Run(
+        f"{_RUNS}::test_quickstart_main_job_with_eval", "--steps=2 --eval_every=2"),
+    "python -m experiments.grpo --steps=10 --out_dir=runs/demo": Mapped(
+        f"{_CLI}::test_sigterm_then_resume_is_bit_exact", "--steps=40 --save_every=2, SIGTERM"),
+    "python -m experiments.grpo --steps=20 --out_dir=runs/demo --resume": Mapped(
+        f"{_CLI}::test_sigterm_then_resume_is_bit_exact", "the same run resumed with --resume"),
+    "python -m experiments.grpo --steps=40 --save_every=2 --out_dir=runs/ck": Mapped(
+        f"{_CLI}::test_sigterm_then_resume_is_bit_exact"),
+    "python -m experiments.grpo --steps=40 --save_every=2 --out_dir=runs/ck --resume": Mapped(
+        f"{_CLI}::test_sigterm_then_resume_is_bit_exact"),
+    "python -m experiments.grpo --learning_rate=1e6 --steps=30": Mapped(
+        f"{_HARNESS}::test_divergence_exits_nonzero_and_never_done"),
+    "python -m experiments.grpo --config=examples/grpo_sums.yaml --steps=10 --out_dir=runs/a":
+        Mapped(f"{_HARNESS}::test_config_file_round_trip", "a YAML config file, then its "
+             "config.json; examples/grpo_sums.yaml is parsed by tests/docs"),
+    "python -m experiments.grpo --config=runs/a/config.json --out_dir=runs/b": Mapped(
+        f"{_HARNESS}::test_config_file_round_trip", "same final params"),
+    "head -2 examples/sums.jsonl": Run(f"{_CMDS}::test_cheap_commands_run"),
+    "python -m experiments.grpo --task=jsonl:examples/sums.jsonl "
+    "--reward=examples.sums_reward:score --steps=60 --eval_every=20 --eval_prompts=20": Mapped(
+        f"{_HARNESS}::test_jsonl_task_with_module_reward_learns",
+        "the same flags on a generated copy of the sums data set"),
+    "python -m experiments.grpo --rollout=ray --num_workers=2 --chaos_kill_every=8 --steps=6 "
+    "--prompts_per_step=16": Mapped(
+        f"{_RAY_CLI}::test_cli_chaos_workers_and_a_file_weight_store",
+        "the same flags plus --weight_store=tensorstore:DIR"),
+    "python -m experiments.grpo --rollout=ray --num_workers=3 --offload=adaptive --steps=6 "
+    "--prompts_per_step=16 --preempt_trace=../shared/traces/parcae/trace_hh_55_65.txt "
+    "--trace_time_scale=0.05": Mapped(
+        f"{_RAY_CLI}::test_cli_ray_workers_with_chaos_and_adaptive_offload",
+        "2 workers, the trace_ll_10_11 trace, 4 steps"),
+    "ray start --head --port=6379": External("ray start", ("--head", "--port")),
+    "ray start --address=HEAD_IP:6379 --num-gpus=1": External("ray start",
+                                                              ("--address", "--num-gpus")),
+    "python -m experiments.grpo --rollout=ray --ray_address=auto --num_workers=8 "
+    "--worker_gpus=1 --worker_cpus=4 --weight_store=tensorstore:/shared/jaxrl/weights": Mapped(
+        f"{_RAY_CLI}::test_cli_chaos_workers_and_a_file_weight_store",
+        "a local Ray instance instead of a cluster, with a tensorstore weight store; "
+        "--worker_gpus: test_worker_asking_for_missing_resources_is_a_clear_error"),
+    "python -m examples.make_tiny_hf_model /tmp/tiny-qwen3": Run(
+        f"{_RUNS}::test_hf_model_train_export_and_load", "into a temporary directory"),
+    "python -m experiments.grpo --model=/tmp/tiny-qwen3 --steps=5 --prompts_per_step=8 "
+    "--out_dir=runs/hf-demo --export_hf=runs/hf-demo/hf": Run(
+        f"{_RUNS}::test_hf_model_train_export_and_load", "paths in a temporary directory"),
+    """python -c "import transformers; """
+    """transformers.AutoModelForCausalLM.from_pretrained('runs/hf-demo/hf')\"""": Run(
+        f"{_RUNS}::test_hf_model_train_export_and_load", "paths in a temporary directory"),
+    "XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.grpo --mesh=2x4":
+        Mapped("tests/train/test_loop.py::test_mesh_2x4_matches_1x1",
+             "the 2x4 mesh on 8 fake CPU devices, 3 steps"),
+    "python -m experiments.grpo --helpfull": Run(f"{_CMDS}::test_cheap_commands_run"),
+    "python -m experiments.grpo --steps=40 --save_every=1 --mode=async --max_staleness=1": Mapped(
+        f"{_CLI}::test_sigkill_resumes_from_last_checkpoint_without_losing_the_buffer"),
+    "python -m experiments.grpo --mesh=8x4 --steps=1 --prompts_per_step=8": Mapped(
+        f"{_CLI}::test_mesh_8x4_on_32_fake_devices"),
+    "python -m experiments.spot_sim": Mapped(
+        f"{_SIM}::test_the_experiment_prints_tables_and_writes_json_and_plots",
+        "one preset, two settings, one segment, 2 steps"),
+    "python -m experiments.spot_sim --preset=qwen3-14b --settings=rlboost,restart --segments=0":
+        Run(f"{_CMDS}::test_cheap_commands_run", "--max_steps=2 --jobs=1"),
+    "python -m experiments.spot_sim --preset=measured:benchmarks/results": Mapped(
+        "tests/sim/test_driver.py::"
+        "test_a_preset_calibrated_from_our_benchmarks_drives_the_same_simulation",
+        "calibrate_from_benchmarks on benchmark JSON, then a simulation with that preset"),
+}
