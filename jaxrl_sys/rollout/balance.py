@@ -12,6 +12,11 @@ the manager applies it. RLBoost's Algorithm 2, with the parts its released code 
 - `running_moves` (branch b): a fully idle worker takes `max(running - B, 0)` *running* requests
   from the busiest worker, B being the batch size at which that worker's decode throughput
   plateaus (`plateau_batch`, measured online from the profile each worker reports).
+- `tail_moves` (branch c, ours): in the tail of a batch (nothing queued, every worker at or
+  below its plateau), a fully idle worker takes half of the running requests of the busiest
+  worker. Below B the donor's aggregate throughput no longer grows with its batch, but each
+  request's own decode speed still falls with it: splitting the last long responses over idle
+  workers shortens the step (RLBoost's rule `max(running - B, 0)` leaves them where they are).
 """
 from __future__ import annotations
 
@@ -103,6 +108,24 @@ def running_moves(loads: Sequence[WorkerLoad], theta: int) -> tuple[str, str, in
     return None
   d = max(donors, key=lambda x: (x.running - x.plateau, x.running))
   n = min(d.running - d.plateau, receiver.room(theta))
+  return (d.worker_id, receiver.worker_id, n) if n > 0 else None
+
+
+def tail_moves(loads: Sequence[WorkerLoad], theta: int) -> tuple[str, str, int] | None:
+  """Branch (c): if some accepting worker is fully idle, it takes `running_j // 2` running
+  requests from the worker j with the most running (at least 2), at most what the receiver
+  has room for. The manager calls it only when nothing is queued and `running_moves` found
+  nothing. Returns `(donor, receiver, count)` or None."""
+  idle = [w for w in loads if w.accepting and w.running == 0 and w.pending == 0]
+  if not idle:
+    return None
+  receiver = idle[0]
+  donors = [d for d in loads if d.worker_id != receiver.worker_id and d.running >= 2
+            and d.pending == 0 and d.version <= receiver.version]
+  if not donors:
+    return None
+  d = max(donors, key=lambda x: x.running)
+  n = min(d.running // 2, receiver.room(theta))
   return (d.worker_id, receiver.worker_id, n) if n > 0 else None
 
 

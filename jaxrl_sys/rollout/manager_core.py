@@ -438,6 +438,8 @@ class ManagerCore:
     if moved:
       return True
     move = balance.running_moves(loads, self.config.theta)
+    if move is None and self.config.tail_balance:
+      move = balance.tail_moves(loads, self.config.theta)
     if move is None:
       return False
     donor, receiver, n = move

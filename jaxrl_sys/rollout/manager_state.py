@@ -34,6 +34,8 @@ class ManagerConfig:
     max_pull_failures: failed weight pulls in a row after which a worker is dropped (a corrupt
       version is never loaded; the worker retries the pull until then).
     balance: continuous load balancing (move pending / running requests to idle workers).
+    tail_balance: with `balance`, also split the last running requests of a batch over idle
+      workers (`balance.tail_moves`); False keeps RLBoost's rule alone.
     plateau_frac: a worker's plateau batch B is the smallest batch reaching this fraction of
       its best measured decode throughput.
     plateau_batch: a fixed B for every worker instead of the measured one (None: measured).
@@ -50,6 +52,7 @@ class ManagerConfig:
   max_attempts: int = 5
   max_pull_failures: int = 3
   balance: bool = True
+  tail_balance: bool = True
   plateau_frac: float = 0.9
   plateau_batch: int | None = None
   profile_window: int = 256

@@ -16,8 +16,10 @@ between mechanisms, not implementations:
   start, everyone waits for the slowest, instances that start later wait for the next step);
 - where our design goes beyond RLBoost's release (spec 8), each switched off: `trim_siblings`
   (the release's retry path trims a group's partial responses to the shortest sibling),
-  `no_balance` (no continuous load balancing), `no_cap` (no N_prem cap), and `release` (all
-  three off: the released system's behaviour).
+  `no_balance` (no continuous load balancing at all), `no_tail_balance` (RLBoost's
+  `max(running - B, 0)` rule only: the tail of a batch is not split over idle workers),
+  `no_cap` (no N_prem cap), and `release` (trimming on, balancing and the cap off: the
+  released system's behaviour).
 """
 from __future__ import annotations
 
@@ -71,6 +73,8 @@ _S = [
     Setting("sync_push", "- synchronous weight push", "paper ablation", sync_push=True),
     Setting("no_balance", "- no continuous balancing", "beyond paper",
             manager=(("balance", False),)),
+    Setting("no_tail_balance", "- no tail balancing", "beyond paper",
+            manager=(("tail_balance", False),)),
     Setting("trim_siblings", "- trim siblings at migration", "beyond paper",
             manager=(("trim_siblings", True),)),
     Setting("no_cap", "- no N_prem cap", "beyond paper", offload=(("cap_workers", False),)),

@@ -2,7 +2,7 @@
 import numpy as np
 
 from jaxrl_sys.rollout.balance import (WorkerLoad, pending_moves, plateau_batch, running_moves,
-                                       select_worker)
+                                       select_worker, tail_moves)
 
 
 def load(wid, version=0, running=0, pending=0, slots=4, accepting=True, plateau=None):
@@ -34,6 +34,22 @@ def test_running_moves_take_exactly_running_minus_plateau():
         load("c", running=9, slots=10), load("idle")]
   assert running_moves(ws, theta=0) == ("a", "idle", 4)
   assert running_moves([load("a", running=3, plateau=1), load("b", running=1)], 0) is None
+
+
+def test_tail_moves_halve_the_busiest_worker_for_an_idle_one():
+  # below the plateau RLBoost's rule moves nothing; the tail rule halves the busiest worker
+  ws = [load("a", running=5, slots=16, plateau=8), load("b", running=9, slots=16, plateau=12),
+        load("idle", slots=16, plateau=8)]
+  assert running_moves(ws, theta=0) is None
+  assert tail_moves(ws, theta=0) == ("b", "idle", 4)
+  assert tail_moves([load("a", running=9, slots=16), load("idle", slots=2)], 0) == ("a", "idle", 2)
+  # nothing to gain: one running request, no idle worker, a donor with work waiting, an idle
+  # worker that is behind the donor's version or not accepting
+  assert tail_moves([load("a", running=1), load("idle")], 0) is None
+  assert tail_moves([load("a", running=4), load("b", running=1)], 0) is None
+  assert tail_moves([load("a", running=4, pending=1), load("idle")], 0) is None
+  assert tail_moves([load("a", version=2, running=4), load("idle", version=1)], 0) is None
+  assert tail_moves([load("a", running=4), load("idle", accepting=False)], 0) is None
 
 
 def test_pending_moves_only_take_requests_stuck_for_want_of_a_slot():

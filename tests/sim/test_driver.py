@@ -80,18 +80,18 @@ def test_the_simulator_runs_the_real_manager_controller_and_balancer(monkeypatch
 
     monkeypatch.setattr(mod, name, wrapped)
 
-  for name in ("select_worker", "pending_moves", "running_moves", "plateau_batch"):
+  for name in ("select_worker", "pending_moves", "running_moves", "tail_moves", "plateau_batch"):
     count(balance, name)
   count(offload, "offload_update")
   count(manager_core.ManagerCore, "on_lost")
   count(manager_core.ManagerCore, "_cut_migrated")
   cfg = small(max_steps=4)
-  sim = Simulation(cfg, spot_trace(6, 1e6, removes=((60.0, 0), (60.0, 1), (100.0, 2), (110.0, 3))))
+  sim = Simulation(cfg, spot_trace(6, 1e6, removes=((30.0, 0), (30.0, 1), (45.0, 2), (50.0, 3))))
   assert type(sim.manager) is manager.RolloutManager
   assert isinstance(sim.driver, offload.OffloadDriver) and isinstance(sim.fleet, fleet.Fleet)
   res = sim.run()
   assert len(res.steps) == 4
-  for name in ("select_worker", "pending_moves", "running_moves", "plateau_batch",
+  for name in ("select_worker", "pending_moves", "running_moves", "tail_moves", "plateau_batch",
                "offload_update", "on_lost", "_cut_migrated"):
     assert calls.get(name, 0) > 0, (name, calls)
   assert res.counters["lost"] >= 2 and res.counters["migrated"] > 0
