@@ -28,6 +28,12 @@ def summarize(rows: Sequence[dict], seg_names: Sequence[str]) -> dict[str, Any]:
   out: dict[str, Any] = {}
   for p in presets:
     base = idx[(p, "colocated", None)]
+    if not base["steps"]:
+      raise ValueError(
+          f"preset {p}: the co-located baseline completed no RL step within the horizon (one "
+          "step takes longer: a slow or calibrated-from-CPU preset with the default 128 x 8 "
+          "long responses); shorten "
+          "the responses (--length_median), or lengthen the segments (--segment_hours)")
     per = {}
     for s in settings:
       segs = {}

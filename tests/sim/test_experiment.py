@@ -4,8 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from jaxrl_sys.rollout.traces import load_bamboo
-from jaxrl_sys.sim import experiment
+from jaxrl_sys.sim import experiment, report
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 P3 = os.path.join(_REPO, "..", "shared", "traces", "bamboo", "p3-trace.csv")
@@ -34,3 +36,11 @@ def test_the_experiment_prints_tables_and_writes_json_and_plots(tmp_path):
   assert all(len(r["result"]["steps"]) == 2 for r in res["runs"])
   assert res["summary"]["qwen3-8b"]["colocated"]["mean"]["x_throughput"] == 1.0
   assert (tmp_path / "qwen3-8b.png").stat().st_size > 1000
+
+
+def test_a_baseline_without_a_single_step_is_a_clear_error():
+  rows = [{"preset": "slow", "setting": "colocated", "segment": None,
+           "result": {"steps": [], "throughput": 0.0, "tokens_per_dollar": 0.0, "wall_s": 0.0,
+                      "cost_per_mtok": float("inf")}}]
+  with pytest.raises(ValueError, match="completed no RL step.*--length_median"):
+    report.summarize(rows, ["0-2h"])
