@@ -207,9 +207,10 @@ class RLLoop:
       self.next_prompt += 1
       self.accepted += 1
     if gids:
-      # Strict on-policy: version-gated routing (a manager must not serve these requests with
-      # older weights); the other modes accept any version.
-      min_version = version if self.lc.mode == "sync" else -1
+      # Version-gated routing: sync (strict on-policy) and async (a new request starts on the
+      # current weights, so its staleness counts from its admission) must not be served by
+      # older weights; one_off accepts any version.
+      min_version = version if self.lc.mode in ("sync", "async") else -1
       client.submit(group_requests(self.task, self.tok, gids, self.samples, seed=self.lc.seed,
                                    max_new_tokens=self.lc.max_new_tokens,
                                    max_prompt_len=self.lc.max_prompt_len,
@@ -263,12 +264,13 @@ class RLLoop:
     scored = []
     pending_micro: list[Group] = []
     m, b = lc.micro_batch_groups, lc.prompts_per_step
+    version = int(jax.device_get(state.step))
     while len(taken) < b:
-      ready = buffer.complete_groups()
+      ready = self._ready(buffer, version, b - len(taken))
       if not ready:
         t_roll += self._poll(client, buffer)
         continue
-      for g in ready[:b - len(taken)]:
+      for g in ready:
         taken.append(buffer.pop(g.group_id))
         pending_micro.append(taken[-1])
       # Dynamic micro-batching: a micro-batch starts as soon as m_b groups are complete.
@@ -284,6 +286,20 @@ class RLLoop:
     metrics = jax.device_get(metrics)
     t_train += self.clock.now() - t0
     return state, metrics, taken, scored, t_roll, t_train
+
+  def _ready(self, buffer: RolloutBuffer, version: int, room: int) -> list[Group]:
+    """Complete groups to train now, oldest first, at most `room`. Async: a group admitted at
+    version a trains by version a + max_staleness; while such an overdue group is still
+    generating (delayed by a lost worker, say), newer groups leave room for it, so the trainer
+    waits for it rather than exceed the bound."""
+    ready = buffer.complete_groups()
+    if self.lc.mode != "async":
+      return ready[:room]
+    due = version - self.lc.max_staleness
+    late = sum(1 for g in buffer.groups.values() if g.admitted_version <= due and not g.complete)
+    overdue = [g for g in ready if g.admitted_version <= due][:room]
+    newer = [g for g in ready if g.admitted_version > due]
+    return overdue + newer[:max(room - len(overdue) - late, 0)]
 
   def _accumulate(self, state, acc, groups: list[Group], scored: list):
     """Scores `groups`, packs them into micro-batches of at most m_b groups, sized to the
@@ -402,6 +418,7 @@ class RLLoop:
         response_len_max=float(lengths.max()), stop_frac=float(stopped.mean()),
         zero_variance_frac=sum(s.zero_variance for s in scored) / max(len(taken), 1),
         off_policy_token_frac_host=float((versions < version).mean()) if versions.size else 0.0,
+        token_staleness_max=int(version - versions.min()) if versions.size else 0,
         time_rollout=t_roll, time_train=t_train, time_step=t_step,
         tokens_per_s=gen_tokens / max(t_step, 1e-9),
         rollout_tokens_per_s=gen_tokens / max(t_roll, 1e-9),
