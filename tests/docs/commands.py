@@ -109,8 +109,8 @@ COVERAGE = {
     "--reward=examples.sums_reward:score --steps=60 --eval_every=20 --eval_prompts=20": Mapped(
         f"{_HARNESS}::test_jsonl_task_with_module_reward_learns",
         "the same flags on a generated copy of the sums data set"),
-    "python -m experiments.grpo --rollout=ray --num_workers=2 --chaos_kill_every=8 --steps=6 "
-    "--prompts_per_step=16": Mapped(
+    "python -m experiments.grpo --rollout=ray --num_workers=2 --chaos_kill_every=8 --steps=4 "
+    "--prompts_per_step=8": Mapped(
         f"{_RAY_CLI}::test_cli_chaos_workers_and_a_file_weight_store",
         "the same flags plus --weight_store=tensorstore:DIR"),
     "python -m experiments.grpo --rollout=ray --num_workers=3 --offload=adaptive --steps=6 "

@@ -18,6 +18,9 @@ def _full_logits(params, toks, mask):
   return models.logits_from_hidden(params, CFG, h)
 
 
+_full_logits_jit = jax.jit(_full_logits)
+
+
 @pytest.mark.parametrize("pad_side", ["left", "right"])
 def test_decode_equals_full_forward(pad_side):
   params = models.init_params(CFG, jax.random.PRNGKey(0))
@@ -41,8 +44,11 @@ def test_decode_equals_full_forward(pad_side):
     got = models.logits_from_hidden(params, CFG, o.hidden[:, 0])
     # reference: the real tokens so far, left-aligned without padding, one row at a time
     for i, n in enumerate(lengths):
-      real = np.concatenate([prompt[i][mask[i] == 1], new[i, :s + 1]])[None]
-      ref = _full_logits(params, jnp.asarray(real), jnp.ones_like(real))[0, -1]
+      real = np.concatenate([prompt[i][mask[i] == 1], new[i, :s + 1]])
+      buf = np.zeros((1, t + steps), np.int32)  # one compiled shape; causal: the tail is inert
+      buf[0, :len(real)] = real
+      valid = (np.arange(t + steps) < len(real)).astype(np.int32)[None]
+      ref = _full_logits_jit(params, jnp.asarray(buf), jnp.asarray(valid))[0, len(real) - 1]
       np.testing.assert_allclose(np.asarray(got[i]), np.asarray(ref), atol=1e-5)
   assert np.array_equal(np.asarray(cache.next_position), lengths + steps)
 

@@ -38,10 +38,10 @@ def test_april_and_async_admission_through_ray_workers(ray_session, mode):  # py
   exactly B groups, no group twice, and no token is more than one version old."""
   kw = dict(mode="sync", oversample=2.0) if mode == "sync_april" else dict(
       mode="async", max_staleness=1)
-  rc = quick(steps=4, rollout="ray", num_workers=2, chaos_kill_every=5.0,
+  rc = quick(steps=3, rollout="ray", num_workers=2, chaos_kill_every=5.0,
              chaos_restart_after=0.5, worker_token_delay=0.01, **kw)
   hist = recipe_lib.run_recipe(recipe_lib.build_recipe(rc)).history
-  assert len(hist) == 4
+  assert len(hist) == 3
   ids = [g for h in hist for g in h["group_ids"]]
   assert all(len(h["group_ids"]) == rc.prompts_per_step for h in hist)
   assert len(set(ids)) == len(ids), "a group was trained twice"
