@@ -93,7 +93,7 @@ def main(argv):
   disagg, probes = {}, {}
   if any(s.mode == "disagg" for s in settings):
     disagg, probes = experiment.size_disagg(bases, jobs=FLAGS.jobs)
-  rows = experiment.run_grid(bases, settings, segs, FLAGS.jobs, disagg)
+  rows = experiment.run_grid(bases, settings, segs, FLAGS.jobs, disagg, timer=time.perf_counter)
   summary = report.summarize(rows, seg_names)
   for name in bases if any(s.name == "rlboost" for s in settings) else ():
     print(f"\n== {name}: RLBoost vs co-located veRL, trace {trace.name}, "
