@@ -98,17 +98,10 @@ def running_moves(loads: Sequence[WorkerLoad], theta: int) -> tuple[str, str, in
   """Branch (b): if some accepting worker is fully idle, it takes `max(running_j - B_j, 0)`
   running requests from the busiest worker j (whose plateau B_j is known), at most what the
   receiver has room for. Returns `(donor, receiver, count)` or None."""
-  idle = [w for w in loads if w.accepting and w.running == 0 and w.pending == 0]
-  if not idle:
-    return None
-  receiver = idle[0]
-  donors = [d for d in loads if d.worker_id != receiver.worker_id and d.plateau is not None
-            and d.running > d.plateau and d.version <= receiver.version]
-  if not donors:
-    return None
-  d = max(donors, key=lambda x: (x.running - x.plateau, x.running))
-  n = min(d.running - d.plateau, receiver.room(theta))
-  return (d.worker_id, receiver.worker_id, n) if n > 0 else None
+  def excess(d):
+    return d.running - d.plateau if d.plateau is not None else 0
+
+  return _take_running(loads, theta, excess, lambda d: (excess(d), d.running))
 
 
 def tail_moves(loads: Sequence[WorkerLoad], theta: int) -> tuple[str, str, int] | None:
@@ -116,16 +109,25 @@ def tail_moves(loads: Sequence[WorkerLoad], theta: int) -> tuple[str, str, int] 
   requests from the worker j with the most running (at least 2), at most what the receiver
   has room for. The manager calls it only when nothing is queued and `running_moves` found
   nothing. Returns `(donor, receiver, count)` or None."""
+  return _take_running(loads, theta, lambda d: d.running // 2 if d.pending == 0 else 0,
+                       lambda d: d.running)
+
+
+def _take_running(loads: Sequence[WorkerLoad], theta: int, give,
+                  rank) -> tuple[str, str, int] | None:
+  """The first fully idle accepting worker takes `give(j)` running requests (at most its room)
+  from the donor j with the highest `rank(j)` among those with `give(j) > 0` and a version no
+  newer than the receiver's. Returns `(donor, receiver, count)` or None."""
   idle = [w for w in loads if w.accepting and w.running == 0 and w.pending == 0]
   if not idle:
     return None
   receiver = idle[0]
-  donors = [d for d in loads if d.worker_id != receiver.worker_id and d.running >= 2
-            and d.pending == 0 and d.version <= receiver.version]
+  donors = [d for d in loads if d.worker_id != receiver.worker_id and give(d) > 0
+            and d.version <= receiver.version]
   if not donors:
     return None
-  d = max(donors, key=lambda x: x.running)
-  n = min(d.running // 2, receiver.room(theta))
+  d = max(donors, key=rank)
+  n = min(give(d), receiver.room(theta))
   return (d.worker_id, receiver.worker_id, n) if n > 0 else None
 
 

@@ -106,5 +106,4 @@ class RayWeightStore(BackgroundStore):
     object_ref = import_ray().put([_storable(x) for x in leaves])
     ref = RayWeightRef(version, sum(x.nbytes for x in leaves), object_ref, treedef,
                        tuple(x.dtype.name for x in leaves), crcs, paths)
-    with self._lock:
-      self._refs[version] = ref
+    self.commit(version, ref)

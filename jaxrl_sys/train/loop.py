@@ -131,7 +131,6 @@ class RLLoop:
     self.abstract = abstract_state(model_config, train_config, self.optimizer)
     self.fns = make_train_fns(model_config, train_config, self.optimizer, self.abstract, mesh,
                               rules=rules, schedule=self.schedule)
-    self.rows = loop_config.micro_batch_groups * self.samples
     self._init_params, self._client, self._engine_config = init_params, client, engine_config
     self._warmup_engine = warmup_engine
     self.clock = clock
@@ -256,7 +255,7 @@ class RLLoop:
     return self.clock.now() - t0
 
   # ----- one step ----------------------------------------------------------------------------
-  def _train_step(self, state: TrainState, client, buffer: RolloutBuffer):
+  def _train_step(self, state: TrainState, client, buffer: RolloutBuffer, version: int):
     lc, fns = self.lc, self.fns
     t_roll = t_train = 0.0
     taken: list[Group] = []
@@ -264,7 +263,6 @@ class RLLoop:
     scored = []
     pending_micro: list[Group] = []
     m, b = lc.micro_batch_groups, lc.prompts_per_step
-    version = int(jax.device_get(state.step))
     while len(taken) < b:
       ready = self._ready(buffer, version, b - len(taken))
       if not ready:
@@ -364,7 +362,8 @@ class RLLoop:
         t_step = self.clock.now()
         self._admit(client, buffer, step)
         t_seed = self._seed(client, buffer)
-        state, metrics, taken, scored, t_roll, t_train = self._train_step(state, client, buffer)
+        state, metrics, taken, scored, t_roll, t_train = self._train_step(state, client, buffer,
+                                                                             step)
         offload_row = {} if self.driver is None else self.driver.end_step(client, t_roll, t_train)
         t_roll += t_seed
         if self.lc.mode == "one_off":
