@@ -47,10 +47,14 @@ def _swiglu_fwd(gate, up):
   return swiglu(gate, up), (gate, up)
 
 
-def _swiglu_bwd(res, dh):
-  gate, up = res
+def swiglu_grads(gate, up, dh):
+  """Cotangents `(d gate, d up)` of `swiglu(gate, up)` for the output cotangent `dh`."""
   s = jax.nn.sigmoid(gate)
   return dh * up * (s * (1 + gate * (1 - s))), dh * gate * s
+
+
+def _swiglu_bwd(res, dh):
+  return swiglu_grads(*res, dh)
 
 
 swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)

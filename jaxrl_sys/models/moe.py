@@ -4,9 +4,10 @@ DeepSeek-V3 / Qwen3-MoE style: fine-grained routed SwiGLU experts, optional shar
 (fused into one MLP, optionally behind a Qwen2-MoE sigmoid gate), softmax or sigmoid gating,
 top-k with optional renormalisation and a routed scaling factor, capacity-factor dropping or
 dropless. Implementations (`MoEConfig.implementation`): "ragged" (grouped matmul via
-`jax.lax.ragged_dot`), "blocked" (expert-sorted row blocks, one batched GEMM;
-`models/moe_blocked.py`), "auto" (blocked on CPU, ragged on GPU/TPU), "dense" (einsum over all
-experts, the reference) and
+`jax.lax.ragged_dot`), "slots" (expert-major slot buffers, one batched GEMM on the weights as
+they are, exact fallback to "blocked" on overflow; `models/moe_slots.py`), "blocked"
+(expert-sorted row blocks, one batched GEMM over gathered weights; `models/moe_blocked.py`),
+"auto" (slots on CPU, ragged on GPU/TPU), "dense" (einsum over all experts, the reference) and
 "expert_parallel" (shard_map + all_to_all over a mesh axis; needs `with jax.set_mesh(mesh):`).
 
 Parameters of the MoE layers (L layers, E experts, D hidden, F expert width, S shared width):
@@ -29,7 +30,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxrl_sys.models import moe_blocked, moe_experts, moe_routing
+from jaxrl_sys.models import moe_blocked, moe_experts, moe_routing, moe_slots
 from jaxrl_sys.models.config import ModelConfig, MoEConfig
 from jaxrl_sys.models.moe_routing import max_violation
 from jaxrl_sys.sharding.axes import EMBED, EXPERT, EXPERT_MLP, LAYERS, MLP
@@ -100,11 +101,11 @@ def moe_param_axes(config: ModelConfig) -> dict:
 
 
 def resolve_implementation(implementation: str) -> str:
-  """"auto" -> "blocked" on CPU (XLA:CPU runs a ragged matmul as one dense matmul per expert),
+  """"auto" -> "slots" on CPU (XLA:CPU runs a ragged matmul as one dense matmul per expert),
   "ragged" on GPU/TPU; any other implementation is returned as it is."""
   if implementation != "auto":
     return implementation
-  return "blocked" if jax.default_backend() == "cpu" else "ragged"
+  return "slots" if jax.default_backend() == "cpu" else "ragged"
 
 
 def routed_experts(p: dict, x: jax.Array, routing: moe_routing.Routing, m: MoEConfig) -> jax.Array:
@@ -113,6 +114,8 @@ def routed_experts(p: dict, x: jax.Array, routing: moe_routing.Routing, m: MoECo
   impl = resolve_implementation(m.implementation)
   if impl == "dense":
     return moe_experts.dense_experts(w, x, routing.experts, routing.gates)
+  if impl == "slots":
+    return moe_slots.slot_experts(w, x, routing.experts, routing.gates, routing.active)
   if impl == "blocked":
     return moe_blocked.blocked_experts(w, x, routing.experts, routing.gates, routing.active)
   if impl == "ragged":

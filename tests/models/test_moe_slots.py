@@ -1,0 +1,72 @@
+"""The expert-major slot path (CPU default) against the dense all-experts einsum, in values and
+gradients, on routings that fit the slots and on routings that overflow them (the exact
+fallback), at training and at decode sizes."""
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_sys.models import moe, moe_experts, moe_slots
+from tests.models.test_moe_blocked import _experts, _routing
+
+
+def _load(experts, active, e):
+  return np.bincount(np.asarray(experts)[np.asarray(active)], minlength=e)
+
+
+@pytest.mark.parametrize("n,e,k,skew,drop,overflow", [
+    (24, 4, 2, 0.0, 0, False),     # balanced: the slot path
+    (37, 4, 2, 0.0, 3, False),     # ragged count, inactive assignments
+    (5, 8, 1, 0.0, 0, False),      # fewer tokens than experts
+    (64, 8, 2, 1.0, 0, True),      # skewed: overflow, dense fallback (decode size)
+    (600, 8, 2, 3.0, 0, True),     # skewed: overflow, blocked fallback (training size)
+])
+def test_slots_equal_dense_values_and_grads(n, e, k, skew, drop, overflow):
+  p = _experts(e)
+  x = jax.random.normal(jax.random.PRNGKey(7), (n, 16))
+  experts, gates, active = _routing(n, e, k, seed=n, skew=skew, drop_every=drop)
+  cap = moe_slots.slot_capacity(n * k, e)
+  assert (_load(experts, active, e).max() > cap) == overflow
+  assert (n * e > moe_slots.DENSE_FALLBACK_ROWS) == (n == 600)
+
+  def loss(fn, p, x, gates):
+    y = fn(p, x, gates)
+    return jnp.sum(y * jnp.cos(y))
+
+  def dense(p, x, gates):
+    return moe_experts.dense_experts(p, x, experts, jnp.where(active, gates, 0.0))
+
+  def slots(p, x, gates):
+    return moe_slots.slot_experts(p, x, experts, gates, active)
+
+  np.testing.assert_allclose(jax.jit(slots)(p, x, gates), dense(p, x, gates), atol=1e-5)
+  g_ref = jax.grad(lambda *a: loss(dense, *a), argnums=(0, 1, 2))(p, x, gates)
+  g_got = jax.jit(jax.grad(lambda *a: loss(slots, *a), argnums=(0, 1, 2)))(p, x, gates)
+  g_ref = (g_ref[0], g_ref[1], jnp.where(active, g_ref[2], 0.0))
+  g_got = (g_got[0], g_got[1], jnp.where(active, g_got[2], 0.0))
+  for a, b in zip(jax.tree_util.tree_leaves(g_got), jax.tree_util.tree_leaves(g_ref)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
+
+
+def test_layout_fills_each_experts_slots_in_token_order():
+  n, e, k, cap = 30, 4, 2, 16
+  experts, _, active = _routing(n, e, k, seed=3, skew=2.0, drop_every=4)
+  slot, owner, load = jax.device_get(moe_slots.slot_layout(experts, active, e, cap))
+  flat_e, flat_a = np.asarray(experts).reshape(-1), np.asarray(active).reshape(-1)
+  np.testing.assert_array_equal(load, np.bincount(flat_e[flat_a], minlength=e))
+  for ex in range(e):
+    mine = np.flatnonzero(flat_a & (flat_e == ex))          # this expert's assignments, in order
+    kept = mine[:cap]
+    np.testing.assert_array_equal(slot[kept], ex * cap + np.arange(len(kept)))
+    assert (slot[mine[cap:]] == e * cap).all()              # over capacity: no slot
+    np.testing.assert_array_equal(owner[ex * cap:ex * cap + len(kept)], kept)
+    assert (owner[ex * cap + len(kept):(ex + 1) * cap] == n * k).all()
+  assert (slot[~flat_a] == e * cap).all()
+
+
+def test_slot_capacity_is_a_multiple_of_8_above_the_balanced_load():
+  assert moe_slots.slot_capacity(5120, 8) == 960          # 1.5 x 640
+  assert moe_slots.slot_capacity(128, 8) == 24
+  assert moe_slots.slot_capacity(4, 8) == 8
+  assert moe.resolve_implementation("auto") == "slots"    # the tests run on CPU
