@@ -8,11 +8,12 @@ defaults otherwise. Per run: medians over steps 3..steps of step / rollout / tra
 loop's own split: train = scoring, packing, gradient, update). Runs alternate dense / MoE.
 
 Train-phase GFLOP/s = (6 N_active + attention) per trained position for the policy's forward
-and backward plus (2 N_active + attention) for the reference forward
-(`metrics_log.train_flops_per_token`), times the positions computed (rows x seq_len), over the
-train time. Roofline: the GEMM rate torch reaches on this CPU for the model's own forward GEMMs
-at the step's token count (q, k, v, o, MLP or one expert, unembedding; FLOP-weighted), as
-`benchmarks.generate` measures it for decoding; XLA's rate on the same GEMMs is shown beside it.
+and backward plus (2 N_active + attention) for the reference forward, the unembedding counted
+on the scored response positions only (`metrics_log.train_flops_per_token`), times the
+positions computed (rows x seq_len), over the train time. Roofline: the GEMM rate torch
+reaches on this CPU for the model's own forward GEMMs at the step's token count (q, k, v, o,
+MLP or one expert, unembedding; FLOP-weighted), as `benchmarks.generate` measures it for
+decoding; XLA's rate on the same GEMMs is shown beside it.
 """
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ def run_once(model_dir: str, steps: int) -> dict:
   med = lambda k: statistics.median(r[k] for r in h)  # noqa: E731
   rows = lc.prompts_per_step * samples
   positions = rows * lc.seq_len
-  flops = train_flops_per_token(mc, lc.seq_len, reference=recipe.train.uses_reference) * positions
+  flops = train_flops_per_token(mc, lc.seq_len, reference=recipe.train.uses_reference,
+                                scored_len=lc.max_new_tokens) * positions
   return {"step_s": med("time_step"), "rollout_s": med("time_rollout"),
           "train_s": med("time_train"), "response_len": med("response_len_mean"),
           "train_gflop": flops / 1e9, "train_gflops": flops / med("time_train") / 1e9,

@@ -1,12 +1,15 @@
 """Packing completed responses into fixed-shape, right-padded training arrays.
 
-One row per sample: `prompt + response` right-padded to `seq_len`. The training forward runs
-over `tokens`; position t predicts `targets[t] = tokens[t + 1]`, so the response token j (of a
-prompt of length Lp) is scored at position `Lp - 1 + j`. All per-token arrays (`loss_mask`,
-`behav_logprobs`, `versions`) are aligned with `targets`. Shapes are fixed by the config
-(rows = groups per micro-batch x samples per group, seq_len = prompt bucket + response budget).
-The groups of a micro-batch are bucketed (`micro_batches`): a step never pays for more than a
-quarter of padding groups, and compiles at most one program per power of two up to m_b.
+One row per sample: `prompt + response` right-padded to `seq_len` (`tokens`, the model input).
+Position t predicts `tokens[t + 1]`, so the response token j (of a prompt of length Lp) is
+scored at position `Lp - 1 + j`. Only a window of `W` positions per row is scored, starting at
+`score_start` (`Lp - 1` with a window, 0 without): `targets`, `loss_mask`, `behav_logprobs` and
+`versions` are `[rows, W]`, entry j belonging to position `score_start + j`. With `W` the
+response budget the trainer computes no logits at prompt positions (`step.token_logprobs`).
+Shapes are fixed by the config (rows = groups per micro-batch x samples per group, seq_len =
+prompt bucket + response budget). The groups of a micro-batch are bucketed (`micro_batches`): a
+step never pays for more than a quarter of padding groups, and compiles at most one program per
+power of two up to m_b.
 """
 from __future__ import annotations
 
@@ -17,18 +20,19 @@ import numpy as np
 
 
 class TrainBatch(NamedTuple):
-  """Arrays of one micro-batch `[rows, T]` (or a stack of them `[micro, rows, T]`).
+  """Arrays of one micro-batch (or a stack of them with a leading `[micro]` axis).
 
   Attributes:
-    tokens: int32, prompt + response, right-padded with the pad id.
-    targets: int32, `tokens` shifted left by one (the token each position predicts).
-    attention_mask: int32, 1 on real tokens (padding rows keep their first position so no
-      attention row is empty).
-    loss_mask: float32, 1 on positions whose target is a response token of a sample that
+    tokens: `[rows, T]` int32, prompt + response, right-padded with the pad id.
+    targets: `[rows, W]` int32, the token predicted at position `score_start + j`.
+    attention_mask: `[rows, T]` int32, 1 on real tokens (padding rows keep their first
+      position so no attention row is empty).
+    loss_mask: `[rows, W]` float32, 1 where the target is a response token of a sample that
       carries gradient (0 for MC-GRPO pivots and padding rows).
-    behav_logprobs: float32, the rollout engine's log-probs of the targets (behaviour policy).
-    versions: int32, weight version that generated each target token (-1 elsewhere).
-    advantages: float32 `[rows]`.
+    behav_logprobs: `[rows, W]` float32, the rollout engine's log-probs of the targets.
+    versions: `[rows, W]` int32, weight version that generated each target (-1 elsewhere).
+    advantages: `[rows]` float32.
+    score_start: `[rows]` int32, the position of window entry 0 (`score_start + W <= T`).
   """
   tokens: np.ndarray
   targets: np.ndarray
@@ -37,6 +41,7 @@ class TrainBatch(NamedTuple):
   behav_logprobs: np.ndarray
   versions: np.ndarray
   advantages: np.ndarray
+  score_start: np.ndarray
 
 
 @dataclasses.dataclass
@@ -93,37 +98,56 @@ def micro_batches(num_groups: int, max_groups: int, min_groups: int = 1) -> list
   return out
 
 
-def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0) -> TrainBatch:
+def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0,
+         window: int | None = None) -> TrainBatch:
   """Packs up to `rows` samples into one micro-batch (missing rows are padding).
 
+  Args:
+    samples: the scored responses.
+    rows, seq_len: the micro-batch shape `[rows, T]`.
+    pad_id: the padding token.
+    window: W, scored positions per row starting at the last prompt position (at least the
+      longest response); None scores every position (`score_start = 0`, `W = T`).
+
   Raises:
-    ValueError: when there are more samples than rows or a sample does not fit `seq_len`.
+    ValueError: when there are more samples than rows, a sample does not fit `seq_len`, or
+      its response does not fit the window.
   """
   if len(samples) > rows:
     raise ValueError(f"{len(samples)} samples do not fit a micro-batch of {rows} rows")
   t = seq_len
+  w = t if window is None else int(window)
   tokens = np.full((rows, t), pad_id, np.int32)
-  targets = np.full((rows, t), pad_id, np.int32)
+  targets = np.full((rows, w), pad_id, np.int32)
   attn = np.zeros((rows, t), np.int32)
   attn[:, 0] = 1
-  loss_mask = np.zeros((rows, t), np.float32)
-  behav = np.zeros((rows, t), np.float32)
-  versions = np.full((rows, t), -1, np.int32)
+  loss_mask = np.zeros((rows, w), np.float32)
+  behav = np.zeros((rows, w), np.float32)
+  versions = np.full((rows, w), -1, np.int32)
   adv = np.zeros((rows,), np.float32)
+  start = np.zeros((rows,), np.int32)
   for i, s in enumerate(samples):
     lp, lr = len(s.prompt), len(s.tokens)
     if lp + lr > t:
       raise ValueError(f"sample of {lp} prompt + {lr} response tokens exceeds seq_len={t}")
     seq = np.concatenate([np.asarray(s.prompt, np.int32), np.asarray(s.tokens, np.int32)])
     tokens[i, :lp + lr] = seq
-    targets[i, :lp + lr - 1] = seq[1:]
     attn[i, :lp + lr] = 1
-    sl = slice(lp - 1, lp - 1 + lr)
+    if window is not None:
+      if lr > w or lp - 1 + w > t:
+        raise ValueError(f"a response of {lr} tokens after a {lp}-token prompt does not fit a "
+                         f"scoring window of {w} in seq_len={t}: the window must hold the "
+                         "longest response and end by seq_len")
+      start[i] = lp - 1
+    first = lp - 1 - start[i]           # window entry of the first response token
+    nxt = seq[1 + start[i]:]            # the targets from the window's first position on
+    targets[i, :min(len(nxt), w)] = nxt[:w]
+    sl = slice(first, first + lr)
     loss_mask[i, sl] = float(s.weight)
     behav[i, sl] = s.logprobs
     versions[i, sl] = s.versions
     adv[i] = s.advantage
-  return TrainBatch(tokens, targets, attn, loss_mask, behav, versions, adv)
+  return TrainBatch(tokens, targets, attn, loss_mask, behav, versions, adv, start)
 
 
 def stack(batches: Sequence[TrainBatch]) -> TrainBatch:

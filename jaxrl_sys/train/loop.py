@@ -147,7 +147,8 @@ class RLLoop:
     self.guard = DivergenceGuard("skip" if train_config.optim.skip_nonfinite else "stop")
     self._stop = threading.Event()
     self.flops_per_token = train_flops_per_token(model_config, loop_config.seq_len,
-                                                 reference=train_config.uses_reference)
+                                                 reference=train_config.uses_reference,
+                                                 scored_len=loop_config.max_new_tokens)
 
   # ----- state -------------------------------------------------------------------------------
   def request_stop(self) -> None:
@@ -309,7 +310,8 @@ class RLLoop:
       sc = score_groups(chunk, self.task, self.tok, self.tc.advantage, pad_to=padded)
       scored.append(sc)
       mb = self.fns.put_batch(batch_lib.pack(sc.samples, padded * self.samples,
-                                             self.lc.seq_len, self.tok.pad_id))
+                                             self.lc.seq_len, self.tok.pad_id,
+                                             window=self.lc.max_new_tokens))
       if acc is None:
         acc = self.fns.init_accum(state, mb)
       acc = self.fns.accumulate(state, acc, mb)

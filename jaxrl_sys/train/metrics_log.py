@@ -32,9 +32,12 @@ def peak_flops(device: jax.Device | None = None) -> float:
   return 1e11
 
 
-def train_flops_per_token(config: ModelConfig, seq_len: int, *, reference: bool) -> float:
-  """Forward + backward FLOPs per trained token: 6 N (matmuls, N = non-embedding params +
-  unembedding) + 12 L T D (attention), plus 2 N + 4 L T D for a reference forward."""
+def train_flops_per_token(config: ModelConfig, seq_len: int, *, reference: bool,
+                          scored_len: int | None = None) -> float:
+  """Forward + backward FLOPs per trained position: 6 N (matmuls, N = non-embedding params +
+  unembedding) + 12 L T D (attention), plus 2 N + 4 L T D for a reference forward. With
+  `scored_len` (the scoring window, see `batch.pack`) the unembedding counts only for that share
+  of the `seq_len` positions."""
   c = config
   attn = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
   if c.moe is None:
@@ -43,7 +46,8 @@ def train_flops_per_token(config: ModelConfig, seq_len: int, *, reference: bool)
     m = c.moe
     mlp = 3 * c.hidden_size * (m.num_experts_per_tok * m.expert_intermediate_size
                                + m.num_shared_experts * m.shared_intermediate_size)
-  n = c.num_layers * (attn + mlp) + c.hidden_size * c.vocab_size
+  share = 1.0 if scored_len is None else min(scored_len / seq_len, 1.0)
+  n = c.num_layers * (attn + mlp) + c.hidden_size * c.vocab_size * share
   attn_scores = c.num_layers * seq_len * c.num_heads * c.head_dim
   flops = 6 * n + 12 * attn_scores
   if reference:

@@ -12,7 +12,8 @@ the summed gradient by the summed denominator, which equals the gradient of
 `sum(numerators) / sum(denominators)`, the full-batch loss, however the batch was split.
 
 Per token: log-probs and entropy come from `kernels.fused_logprobs(hidden, unembed, targets,
-temperature)` at the sampling temperature. The proximal policy of the decoupled loss is the
+temperature)` at the sampling temperature, over the batch's scoring window (`batch.pack`): the
+response positions, not the prompt's. The proximal policy of the decoupled loss is the
 parameters before this update (one optimizer update per step), i.e. `stop_gradient` of the
 same forward pass; the behaviour policy is the rollout engine's log-probs. The reference
 policy (KL) is a frozen copy in the state, skipped when the KL coefficient is 0.
@@ -20,6 +21,7 @@ policy (KL) is a frozen copy in the state, skipped when the KL coefficient is 0.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -68,22 +70,52 @@ def _moe():
   return moe
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def score_window(hidden, start, width: int):
+  """`hidden [rows, T, d]` at positions `start[:, None] + arange(width)` -> `[rows, width, d]`.
+
+  The caller guarantees `start + width <= T` (`batch.pack` checks it). The backward is a gather
+  too (position t of row r takes window entry `t - start[r]`, or 0 outside the window), not
+  the scatter-add autodiff would emit.
+  """
+  pos = start[:, None] + jnp.arange(width, dtype=start.dtype)[None, :]
+  return jnp.take_along_axis(hidden, pos[..., None], axis=1)
+
+
+def _score_window_fwd(hidden, start, width):
+  return score_window(hidden, start, width), (start, hidden.shape[1])
+
+
+def _score_window_bwd(width, res, g):
+  start, t = res
+  j = jnp.arange(t, dtype=start.dtype)[None, :] - start[:, None]             # [rows, T]
+  inside = (j >= 0) & (j < width)
+  dh = jnp.take_along_axis(g, jnp.clip(j, 0, width - 1)[..., None], axis=1)
+  return jnp.where(inside[..., None], dh, 0).astype(g.dtype), None
+
+
+score_window.defvjp(_score_window_fwd, _score_window_bwd)
+
+
 def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig, batch: TrainBatch,
                    moe_state=None):
-  """Log-probs and entropy of `batch.targets` under `params`.
+  """Log-probs and entropy of `batch.targets` under `params`, on the scoring window only (no
+  logits at the prompt positions before it).
 
   Returns:
-    (logprobs `[rows, T]` float32, entropy `[rows, T]` float32, MoE aux dict).
+    (logprobs `[rows, W]` float32, entropy `[rows, W]` float32, MoE aux dict).
   """
   out = forward(params, model_config, batch.tokens, attention_mask=batch.attention_mask,
                 moe_state=moe_state,
                 unroll_layers=model_config.num_layers <= train_config.unroll_layers_max)
   rows, t, d = out.hidden.shape
+  w = batch.targets.shape[1]
+  hidden = out.hidden if w == t else score_window(out.hidden, batch.score_start, w)
   lp, ent = kernels.fused_logprobs(
-      out.hidden.reshape(rows * t, d), unembedding(params, model_config),
-      batch.targets.reshape(rows * t), temperature=train_config.temperature,
+      hidden.reshape(rows * w, d), unembedding(params, model_config),
+      batch.targets.reshape(rows * w), temperature=train_config.temperature,
       chunk_size=train_config.logprob_chunk, impl=train_config.logprob_impl)
-  return lp.reshape(rows, t), ent.reshape(rows, t), out.aux
+  return lp.reshape(rows, w), ent.reshape(rows, w), out.aux
 
 
 def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelConfig,

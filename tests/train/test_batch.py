@@ -75,3 +75,25 @@ def test_micro_batches_cover_the_groups_with_little_padding(max_groups, min_grou
   assert len(shapes) <= max_groups.bit_length() + 1          # few compiled shapes
   assert micro_batches(8, 16) == [(8, 8)]                     # the 8-group step: no padding
   assert micro_batches(5, 16) == [(4, 4), (1, 1)]
+
+
+def test_pack_with_a_window_scores_only_the_response_positions():
+  s = Sample(prompt=np.array([1, 7, 8]), tokens=np.array([4, 5, 2]),
+             logprobs=np.array([-0.1, -0.2, -0.3], np.float32), versions=np.array([3, 3, 4]),
+             advantage=0.5, weight=1.0)
+  short = Sample(np.array([1, 9, 9, 9]), np.array([6]), np.array([-1.0], np.float32),
+                 np.array([3]), advantage=1.0, weight=1.0)
+  full = pack([s, short], rows=3, seq_len=8)
+  b = pack([s, short], rows=3, seq_len=8, window=4)
+  assert b.score_start.tolist() == [2, 3, 0] and full.score_start.tolist() == [0, 0, 0]
+  assert b.targets.shape == b.loss_mask.shape == b.versions.shape == (3, 4)
+  for r in range(2):   # entry j of the window is position score_start + j of the full layout
+    cols = b.score_start[r] + np.arange(4)
+    for name in ("targets", "loss_mask", "behav_logprobs", "versions"):
+      np.testing.assert_array_equal(getattr(b, name)[r], getattr(full, name)[r, cols], name)
+  np.testing.assert_array_equal(b.loss_mask[0], [1, 1, 1, 0])
+  np.testing.assert_array_equal(b.tokens, full.tokens)
+  with pytest.raises(ValueError, match="scoring window of 2"):
+    pack([s], rows=1, seq_len=8, window=2)           # the response is longer than the window
+  with pytest.raises(ValueError, match="end by seq_len"):
+    pack([short], rows=1, seq_len=6, window=4)       # 3 + 4 > 6

@@ -106,3 +106,38 @@ def test_micro_batches_sized_to_the_groups_equal_the_padded_step():
                  _host(a.params), _host(b.params))
     for k in ("loss", "kl", "entropy", "grad_norm", "num_tokens", "denominator", "ess"):
       np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5, atol=1e-9, err_msg=k)  # kl ~ 0 here
+
+
+def test_windowed_scoring_equals_log_softmax_of_the_full_forward():
+  """Log-probs on the response window == an independent log-softmax of the full forward's
+  logits at the same positions; the update from windowed batches equals the full-layout one."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.models import forward, logits_from_hidden  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.step import token_logprobs  # pylint: disable=import-outside-toplevel
+  mc, tc, opt, mesh, fns = _setup(kl_coef=0.04)
+  state = init_train_state(mc, tc, opt, mesh=mesh, seed=0)
+  samples = _samples(40, seed=3)
+  full = batch_lib.pack(samples, ROWS, SEQ)
+  win = batch_lib.pack(samples, ROWS, SEQ, window=4)
+  assert win.targets.shape == (ROWS, 4)
+  lp, _, _ = jax.jit(lambda p, b: token_logprobs(p, mc, tc, b))(state.params, fns.put_batch(win))
+  logits = logits_from_hidden(state.params, mc, forward(
+      state.params, mc, jnp.asarray(full.tokens), attention_mask=jnp.asarray(full.attention_mask))
+      .hidden)
+  ref = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits, axis=-1)),
+                           full.targets[..., None], axis=-1)[..., 0]          # [rows, T]
+  cols = win.score_start[:, None] + np.arange(4)[None, :]
+  live = win.loss_mask > 0
+  np.testing.assert_allclose(np.asarray(lp)[live], np.take_along_axis(ref, cols, 1)[live],
+                             atol=2e-5)
+
+  def run(b):
+    mb = fns.put_batch(b)
+    return fns.apply(state, fns.accumulate(state, fns.init_accum(state, mb), mb))
+
+  a, ma = run(full)
+  b, mb = run(win)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=5e-6),
+               _host(a.params), _host(b.params))
+  for k in ("loss", "kl", "entropy", "grad_norm", "num_tokens", "denominator", "ess"):
+    np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5, atol=1e-9, err_msg=k)
