@@ -36,23 +36,28 @@ def _routing(n, e, k, seed, skew=0.0, drop_every=0):
     (5, 8, 1, None, 0.0, 0),    # fewer tokens than experts, default block size
 ])
 def test_blocked_equals_dense_values_and_grads(n, e, k, block, skew, drop):
+  experts, gates, active = _routing(n, e, k, seed=n, skew=skew, drop_every=drop)
+  assert_matches_dense(lambda p, x, g: moe_blocked.blocked_experts(p, x, experts, g, active,
+                                                                   block=block),
+                       e, n, experts, gates, active)
+
+
+def assert_matches_dense(fn, e, n, experts, gates, active):
+  """`fn(p, x, gates)` (jitted) equals the dense all-experts einsum in values and in gradients
+  w.r.t. the weights, the tokens and the active gates."""
   p = _experts(e)
   x = jax.random.normal(jax.random.PRNGKey(7), (n, 16))
-  experts, gates, active = _routing(n, e, k, seed=n, skew=skew, drop_every=drop)
 
-  def loss(fn, p, x, gates):
-    y = fn(p, x, gates)
+  def loss(f, p, x, gates):
+    y = f(p, x, gates)
     return jnp.sum(y * jnp.cos(y))
 
   def dense(p, x, gates):
     return moe_experts.dense_experts(p, x, experts, jnp.where(active, gates, 0.0))
 
-  def blocked(p, x, gates):
-    return moe_blocked.blocked_experts(p, x, experts, gates, active, block=block)
-
-  np.testing.assert_allclose(blocked(p, x, gates), dense(p, x, gates), atol=1e-5)
+  np.testing.assert_allclose(jax.jit(fn)(p, x, gates), dense(p, x, gates), atol=1e-5)
   g_ref = jax.grad(lambda *a: loss(dense, *a), argnums=(0, 1, 2))(p, x, gates)
-  g_got = jax.jit(jax.grad(lambda *a: loss(blocked, *a), argnums=(0, 1, 2)))(p, x, gates)
+  g_got = jax.jit(jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2)))(p, x, gates)
   g_ref = (g_ref[0], g_ref[1], jnp.where(active, g_ref[2], 0.0))
   g_got = (g_got[0], g_got[1], jnp.where(active, g_got[2], 0.0))
   for a, b in zip(jax.tree_util.tree_leaves(g_got), jax.tree_util.tree_leaves(g_ref)):

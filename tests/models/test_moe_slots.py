@@ -5,10 +5,9 @@ import numpy as np
 import pytest
 
 import jax
-import jax.numpy as jnp
 
-from jaxrl_sys.models import moe, moe_experts, moe_slots
-from tests.models.test_moe_blocked import _experts, _routing
+from jaxrl_sys.models import moe, moe_slots
+from tests.models.test_moe_blocked import _routing, assert_matches_dense
 
 
 def _load(experts, active, e):
@@ -23,30 +22,12 @@ def _load(experts, active, e):
     (600, 8, 2, 3.0, 0, True),     # skewed: overflow, blocked fallback (training size)
 ])
 def test_slots_equal_dense_values_and_grads(n, e, k, skew, drop, overflow):
-  p = _experts(e)
-  x = jax.random.normal(jax.random.PRNGKey(7), (n, 16))
   experts, gates, active = _routing(n, e, k, seed=n, skew=skew, drop_every=drop)
   cap = moe_slots.slot_capacity(n * k, e)
   assert (_load(experts, active, e).max() > cap) == overflow
   assert (n * e > moe_slots.DENSE_FALLBACK_ROWS) == (n == 600)
-
-  def loss(fn, p, x, gates):
-    y = fn(p, x, gates)
-    return jnp.sum(y * jnp.cos(y))
-
-  def dense(p, x, gates):
-    return moe_experts.dense_experts(p, x, experts, jnp.where(active, gates, 0.0))
-
-  def slots(p, x, gates):
-    return moe_slots.slot_experts(p, x, experts, gates, active)
-
-  np.testing.assert_allclose(jax.jit(slots)(p, x, gates), dense(p, x, gates), atol=1e-5)
-  g_ref = jax.grad(lambda *a: loss(dense, *a), argnums=(0, 1, 2))(p, x, gates)
-  g_got = jax.jit(jax.grad(lambda *a: loss(slots, *a), argnums=(0, 1, 2)))(p, x, gates)
-  g_ref = (g_ref[0], g_ref[1], jnp.where(active, g_ref[2], 0.0))
-  g_got = (g_got[0], g_got[1], jnp.where(active, g_got[2], 0.0))
-  for a, b in zip(jax.tree_util.tree_leaves(g_got), jax.tree_util.tree_leaves(g_ref)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
+  assert_matches_dense(lambda p, x, g: moe_slots.slot_experts(p, x, experts, g, active),
+                       e, n, experts, gates, active)
 
 
 def test_layout_fills_each_experts_slots_in_token_order():
