@@ -56,7 +56,7 @@ def assert_matches_dense(fn, e, n, experts, gates, active):
     return moe_experts.dense_experts(p, x, experts, jnp.where(active, gates, 0.0))
 
   np.testing.assert_allclose(jax.jit(fn)(p, x, gates), dense(p, x, gates), atol=1e-5)
-  g_ref = jax.grad(lambda *a: loss(dense, *a), argnums=(0, 1, 2))(p, x, gates)
+  g_ref = jax.jit(jax.grad(lambda *a: loss(dense, *a), argnums=(0, 1, 2)))(p, x, gates)
   g_got = jax.jit(jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2)))(p, x, gates)
   g_ref = (g_ref[0], g_ref[1], jnp.where(active, g_ref[2], 0.0))
   g_got = (g_got[0], g_got[1], jnp.where(active, g_got[2], 0.0))
@@ -102,8 +102,9 @@ def test_auto_model_matches_dense():
     h = models.forward(p, c, toks, attention_mask=mask).hidden
     return jnp.sum(jnp.where(mask[..., None] > 0, h, 0.0) ** 2)
 
-  ref, g_ref = jax.value_and_grad(loss)(params, dense)
-  got, g_got = jax.value_and_grad(loss)(params, cfg)
+  vg = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+  ref, g_ref = vg(params, dense)
+  got, g_got = vg(params, cfg)
   np.testing.assert_allclose(float(got), float(ref), rtol=1e-5)
   for a, b in zip(jax.tree_util.tree_leaves(g_got), jax.tree_util.tree_leaves(g_ref)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)

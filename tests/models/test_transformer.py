@@ -20,8 +20,10 @@ def test_unrolled_layers_equal_scanned_layers():
     out = models.forward(p, cfg, toks, moe_state=state, unroll_layers=unroll)
     return jnp.sum(out.hidden ** 2), out.aux
 
-  (a, aux_a), g_a = jax.value_and_grad(run, has_aux=True)(params, False)
-  (b, aux_b), g_b = jax.value_and_grad(run, has_aux=True)(params, True)
+  vg = jax.jit(jax.value_and_grad(run, has_aux=True), static_argnums=1)
+  (a, aux_a), g_a = vg(params, False)
+  (b, aux_b), g_b = vg(params, True)
   np.testing.assert_allclose(float(a), float(b), rtol=1e-6)
   for x, y in zip(jax.tree_util.tree_leaves((aux_a, g_a)), jax.tree_util.tree_leaves((aux_b, g_b))):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+    # jitted: the two programs fuse differently, so allow float32 reassociation noise
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-4)
