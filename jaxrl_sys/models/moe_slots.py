@@ -1,7 +1,8 @@
 """Expert-major slot buffers: the fast dropless path for XLA:CPU.
 
 Each expert owns `C` consecutive rows ("slots") of a `[E * C, d]` buffer, `C = slot_capacity(A,
-E)` for `A = tokens * k` assignments (1.5x the balanced load, a multiple of 8). The assignments
+E)` for `A = tokens * k` assignments (1.5x the balanced load, a multiple of 8), at most `tokens`
+(an expert gets at most one assignment per token, so `C = tokens` never overflows). The assignments
 are written to their expert's slots in token order and the experts run as one batched GEMM
 `[E, C, d] x [E, d, f]` on the weights as they are: no per-block weight gather (as in
 `moe_blocked`), no scatter-add of weight gradients, and row counts large enough for the GEMMs to
@@ -161,7 +162,7 @@ def slot_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array, ac
     p: {"w_gate", "w_up": `[E, d, f]`, "w_down": `[E, f, d]`}.
     x: `[tokens, d]` (compute dtype).
     experts, gates, active: `[tokens, k]` routing (int32 ids, float32 gates, bool).
-    capacity: slots per expert (default `slot_capacity(tokens * k, E)`).
+    capacity: slots per expert (default `slot_capacity(tokens * k, E)`), at most `tokens`.
 
   Returns:
     `[tokens, d]` in x's dtype: `sum_k gate * expert(x)` over active assignments.
@@ -169,6 +170,7 @@ def slot_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array, ac
   chex.assert_equal_shape([experts, gates, active])
   n, k = experts.shape
   num_experts = p["w_gate"].shape[0]
-  capacity = capacity or slot_capacity(n * k, num_experts)
+  # An expert receives at most one assignment per token: n slots can never overflow.
+  capacity = min(capacity or slot_capacity(n * k, num_experts), n)
   w = {name: p[name] for name in ("w_gate", "w_up", "w_down")}
   return _experts(w, x, jnp.where(active, gates, 0.0), experts, active, capacity)
