@@ -24,6 +24,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jaxrl_sys.models import moe_experts
 from jaxrl_sys.models.layers import swiglu
 
 
@@ -55,19 +56,10 @@ def block_layout(experts: jax.Array, active: jax.Array, num_experts: int,
   a = n * k
   nb = num_blocks(a, num_experts, block)
   rows = nb * block
-  flat = jnp.where(active, experts, num_experts).reshape(a).astype(jnp.int32)
-  sizes = jnp.zeros((num_experts + 1,), jnp.int32).at[flat].add(1)[:num_experts]
+  order, sizes, sorted_ids = moe_experts.sort_by_expert(experts, active, num_experts)
   padded = (sizes + block - 1) // block * block
   pad_end = jnp.cumsum(padded)
-  pad_start = pad_end - padded
-  start = jnp.cumsum(sizes) - sizes
-  order = jnp.argsort(flat, stable=True).astype(jnp.int32)
-  sorted_ids = flat[order]
-  live = sorted_ids < num_experts
-  e = jnp.minimum(sorted_ids, num_experts - 1)
-  dest = jnp.where(live, pad_start[e] + jnp.arange(a, dtype=jnp.int32) - start[e], rows)
-  row = jnp.zeros((a,), jnp.int32).at[order].set(dest.astype(jnp.int32), unique_indices=True)
-  owner = jnp.full((rows + 1,), a, jnp.int32).at[row].set(jnp.arange(a, dtype=jnp.int32))[:rows]
+  row, owner = moe_experts.place_sorted(order, sorted_ids, sizes, pad_end - padded, a + 1, rows)
   src = jnp.where(owner < a, owner // k, n)
   starts = jnp.arange(nb, dtype=jnp.int32) * block
   block_expert = jnp.minimum(jnp.searchsorted(pad_end, starts, side="right"), num_experts - 1)

@@ -77,6 +77,25 @@ def sort_by_expert(experts: jax.Array, active: jax.Array, num_experts: int):
   return order, sizes, flat[order]
 
 
+def place_sorted(order: jax.Array, sorted_ids: jax.Array, sizes: jax.Array, first_row: jax.Array,
+                 limit: int, rows: int):
+  """Rows of a `[rows, ...]` buffer for the assignments of `sort_by_expert`: expert e's i-th
+  assignment (in token order) goes to row `first_row[e] + i` when `i < limit`.
+
+  Returns:
+    (row `[A]` int32 per flat assignment, `rows` = none: inactive or over the limit; owner
+    `[rows]` int32 assignment of each row, `A` = empty).
+  """
+  a, num_experts = order.shape[0], sizes.shape[0]
+  e = jnp.minimum(sorted_ids, num_experts - 1)
+  rank = jnp.arange(a, dtype=jnp.int32) - (jnp.cumsum(sizes) - sizes)[e]
+  ok = (sorted_ids < num_experts) & (rank < limit)
+  dest = jnp.where(ok, first_row[e] + rank, rows).astype(jnp.int32)
+  row = jnp.zeros((a,), jnp.int32).at[order].set(dest, unique_indices=True)
+  owner = jnp.full((rows + 1,), a, jnp.int32).at[row].set(jnp.arange(a, dtype=jnp.int32))[:rows]
+  return row, owner
+
+
 def swiglu_grouped(p: dict, xs: jax.Array, group_sizes: jax.Array, impl: str = "xla") -> jax.Array:
   """SwiGLU experts on rows `xs [rows, d]` sorted by expert with `group_sizes [E]`."""
   dt = xs.dtype

@@ -55,20 +55,10 @@ def slot_layout(experts: jax.Array, active: jax.Array, num_experts: int, capacit
     (slot `[A]` int32 in `[0, E*C]` (`E*C` = inactive or over capacity), owner `[E*C]` int32
     assignment of each slot (`A` = empty), load `[E]` int32 active assignments per expert).
   """
-  n, k = experts.shape
-  a = n * k
-  flat = jnp.where(active, experts, num_experts).reshape(a).astype(jnp.int32)
-  load = jnp.zeros((num_experts + 1,), jnp.int32).at[flat].add(1)[:num_experts]
-  order = jnp.argsort(flat, stable=True).astype(jnp.int32)
-  sorted_ids = flat[order]
-  e = jnp.minimum(sorted_ids, num_experts - 1)
-  start = jnp.cumsum(load) - load
-  rank = jnp.arange(a, dtype=jnp.int32) - start[e]
-  ok = (sorted_ids < num_experts) & (rank < capacity)
-  dest = jnp.where(ok, e * capacity + rank, num_experts * capacity)
-  slot = jnp.zeros((a,), jnp.int32).at[order].set(dest, unique_indices=True)
-  owner = jnp.full((num_experts * capacity + 1,), a, jnp.int32).at[slot].set(
-      jnp.arange(a, dtype=jnp.int32))[:num_experts * capacity]
+  order, load, sorted_ids = moe_experts.sort_by_expert(experts, active, num_experts)
+  slot, owner = moe_experts.place_sorted(order, sorted_ids, load,
+                                         jnp.arange(num_experts) * capacity, capacity,
+                                         num_experts * capacity)
   return slot, owner, load
 
 
