@@ -5,10 +5,10 @@
 Shapes of the peer comparison's Qwen3-MoE (hidden 256, 8 experts of width 256, top-2), at a
 training micro-batch (64 rows x 40 positions = 2560 tokens) and a decode step (64 tokens), with
 a balanced router (what BIP / aux-free balancing give) and a skewed one (max load about 2.4x
-the mean, as an untrained router without balancing gives). "slots" is the CPU default
-(`implementation="auto"`): it runs its own path when the loads fit its slots and the exact
-fallback otherwise, so under skew it should cost what the fallback costs. Writes
-benchmarks/results/moe_experts.json.
+the mean, as an untrained router without balancing gives). The CPU default
+(`implementation="auto"`) runs "slots" at the decode size (its own path when the loads fit its
+slots, twice the slots or the dense einsum when they do not) and "segments" at the training
+size (exact work for any routing). Writes benchmarks/results/moe_experts.json.
 """
 from __future__ import annotations
 
@@ -23,13 +23,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import print_table, write_json  # noqa: E402
-from jaxrl_sys.models import moe_blocked, moe_experts, moe_slots  # noqa: E402
+from jaxrl_sys.models import moe, moe_blocked, moe_experts, moe_segments, moe_slots  # noqa: E402
 
 D, F, E, K = 256, 256, 8, 2
 IMPLS = {
     "dense": lambda p, x, e, g, a: moe_experts.dense_experts(p, x, e, jnp.where(a, g, 0.0)),
     "blocked": moe_blocked.blocked_experts,
     "slots": moe_slots.slot_experts,
+    "segments": moe_segments.segment_experts,
 }
 
 
@@ -74,11 +75,12 @@ def main():
                      "max_load_over_mean": float(load.max() / load.mean()),
                      "slot_capacity_over_mean": moe_slots.slot_capacity(tokens * K, E)
                      / load.mean(), "impl": name,
+                     "auto": name == moe.resolve_implementation("auto", tokens, E),
                      "fwd_ms": best_ms(fwd, (p, x, gates), args.repeats),
                      "grad_ms": best_ms(grad, (p, x, gates), args.repeats),
                      "max_abs_err_vs_dense": err})
         print(rows[-1], flush=True)
-  print_table(rows, ["tokens", "router", "max_load_over_mean", "impl", "fwd_ms", "grad_ms",
+  print_table(rows, ["tokens", "router", "max_load_over_mean", "impl", "auto", "fwd_ms", "grad_ms",
                      "max_abs_err_vs_dense"])
   write_json("moe_experts", {"shapes": {"hidden": D, "expert_width": F, "experts": E, "top_k": K},
                              "rows": rows})

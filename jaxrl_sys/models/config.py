@@ -49,10 +49,12 @@ class MoEConfig:
   all_to_all, runs everywhere; "ragged" = ragged_all_to_all, GPU/TPU only; "ragged_emulated" = the
   ragged protocol over all_gather, for CPU tests).
   `grouped_matmul_impl` is passed to `jaxrl_sys.kernels.grouped_matmul` when that kernel exists.
-  `implementation`: "auto" runs "slots" (expert-major slot buffers, one batched GEMM, an exact
-  fallback when an expert overflows its slots) on CPU and "ragged" (grouped matmul) on GPU/TPU;
-  "blocked" is expert-sorted row blocks over gathered weights; "dense" is the all-experts
-  reference; "expert_parallel" shards the experts over `expert_axis`.
+  `implementation`: "auto" runs "ragged" (grouped matmul) on GPU/TPU; on CPU it runs "slots"
+  (expert-major slot buffers, one batched GEMM, an exact fallback when an expert overflows its
+  slots) at decode sizes and "segments" (expert-sorted segments in chunks, exact, no capacity)
+  at training sizes (`moe.resolve_implementation`); "blocked" is expert-sorted row blocks over
+  gathered weights; "dense" is the all-experts reference; "expert_parallel" shards the experts
+  over `expert_axis`.
   """
   num_experts: int = 8
   num_experts_per_tok: int = 2
@@ -68,7 +70,7 @@ class MoEConfig:
   bias_update_rate: float = 1e-3     # aux-free u
   bip_iterations: int = 4            # BIP dual sweeps per batch (0 = use the stored q only)
   bip_rule: str = "midpoint"         # "midpoint" | "kth"
-  # "auto" | "ragged" | "slots" | "blocked" | "dense" | "expert_parallel"
+  # "auto" | "ragged" | "slots" | "segments" | "blocked" | "dense" | "expert_parallel"
   implementation: str = "auto"
   shared_expert_gate: bool = False   # Qwen2-MoE style sigmoid gate on the shared expert
   expert_axis: str = "model"         # mesh axis of expert parallelism
@@ -80,8 +82,8 @@ class MoEConfig:
                "balancing": ("none", "aux_loss", "aux_free", "bip"),
                "bip_rule": ("midpoint", "kth"),
                "ep_dispatch": ("dense", "ragged", "ragged_emulated"),
-               "implementation": ("auto", "ragged", "slots", "blocked", "dense",
-                                  "expert_parallel")}
+               "implementation": ("auto", "ragged", "slots", "segments", "blocked",
+                                  "dense", "expert_parallel")}
     for name, ok in choices.items():
       if getattr(self, name) not in ok:
         raise ValueError(f"MoEConfig.{name}={getattr(self, name)!r}; use one of {list(ok)}")

@@ -5,9 +5,11 @@ DeepSeek-V3 / Qwen3-MoE style: fine-grained routed SwiGLU experts, optional shar
 top-k with optional renormalisation and a routed scaling factor, capacity-factor dropping or
 dropless. Implementations (`MoEConfig.implementation`): "ragged" (grouped matmul via
 `jax.lax.ragged_dot`), "slots" (expert-major slot buffers, one batched GEMM on the weights as
-they are, exact fallback to "blocked" on overflow; `models/moe_slots.py`), "blocked"
-(expert-sorted row blocks, one batched GEMM over gathered weights; `models/moe_blocked.py`),
-"auto" (slots on CPU, ragged on GPU/TPU), "dense" (einsum over all experts, the reference) and
+they are, an exact fallback on overflow; `models/moe_slots.py`), "segments" (expert-sorted
+segments walked in chunks, one GEMM per chunk on its expert's weights, exact with no capacity;
+`models/moe_segments.py`), "blocked" (expert-sorted row blocks, one batched GEMM over gathered
+weights; `models/moe_blocked.py`), "auto" (on CPU slots at decode sizes and segments at
+training sizes; ragged on GPU/TPU), "dense" (einsum over all experts, the reference) and
 "expert_parallel" (shard_map + all_to_all over a mesh axis; needs `with jax.set_mesh(mesh):`).
 
 Parameters of the MoE layers (L layers, E experts, D hidden, F expert width, S shared width):
@@ -30,7 +32,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxrl_sys.models import moe_blocked, moe_experts, moe_routing, moe_slots
+from jaxrl_sys.models import moe_blocked, moe_experts, moe_routing, moe_segments, moe_slots
 from jaxrl_sys.models.config import ModelConfig, MoEConfig
 from jaxrl_sys.models.moe_routing import max_violation
 from jaxrl_sys.sharding.axes import EMBED, EXPERT, EXPERT_MLP, LAYERS, MLP
@@ -100,22 +102,31 @@ def moe_param_axes(config: ModelConfig) -> dict:
   return axes
 
 
-def resolve_implementation(implementation: str) -> str:
-  """"auto" -> "slots" on CPU (XLA:CPU runs a ragged matmul as one dense matmul per expert),
-  "ragged" on GPU/TPU; any other implementation is returned as it is."""
+def resolve_implementation(implementation: str, tokens: int, num_experts: int) -> str:
+  """The implementation a layer of `tokens` rows over `num_experts` experts runs.
+
+  "auto" -> "ragged" on GPU/TPU. On CPU (where XLA runs a ragged matmul as one dense matmul per
+  expert) "slots" up to `moe_slots.DENSE_FALLBACK_ROWS` token x expert rows (decode steps: the
+  slots' one batched GEMM beats a loop of small chunks), "segments" above (training and prefill:
+  exact work for any routing, where a skewed router would overflow the slots). Any other
+  implementation is returned as it is."""
   if implementation != "auto":
     return implementation
-  return "slots" if jax.default_backend() == "cpu" else "ragged"
+  if jax.default_backend() != "cpu":
+    return "ragged"
+  return "slots" if tokens * num_experts <= moe_slots.DENSE_FALLBACK_ROWS else "segments"
 
 
 def routed_experts(p: dict, x: jax.Array, routing: moe_routing.Routing, m: MoEConfig) -> jax.Array:
   """Runs the routed experts of one layer with `m.implementation`. `x [tokens, D]` -> same."""
   w = {k: p[k] for k in ("w_gate", "w_up", "w_down")}
-  impl = resolve_implementation(m.implementation)
+  impl = resolve_implementation(m.implementation, x.shape[0], m.num_experts)
   if impl == "dense":
     return moe_experts.dense_experts(w, x, routing.experts, routing.gates)
   if impl == "slots":
     return moe_slots.slot_experts(w, x, routing.experts, routing.gates, routing.active)
+  if impl == "segments":
+    return moe_segments.segment_experts(w, x, routing.experts, routing.gates, routing.active)
   if impl == "blocked":
     return moe_blocked.blocked_experts(w, x, routing.experts, routing.gates, routing.active)
   if impl == "ragged":

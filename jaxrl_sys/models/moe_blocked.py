@@ -14,7 +14,9 @@ rounding, in values and gradients (router gates included).
 Layout (`BlockLayout`), for `A` assignments, `R` padded rows in `nb` blocks:
   row `[A]` int32: the padded row of each flat assignment (`R` = none: inactive);
   src `[R]` int32: the token each row reads (`tokens` = the zero row: padding);
-  block_expert `[nb]` int32: the expert of each block.
+  block_expert `[nb]` int32: the expert of each block;
+  owner `[R]` int32: the flat assignment of each row (`A` = padding);
+  used: scalar int32, the blocks that hold assignments (the first `used`; the rest is padding).
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ class BlockLayout(NamedTuple):
   row: jax.Array
   src: jax.Array
   block_expert: jax.Array
+  owner: jax.Array
+  used: jax.Array
 
 
 def block_size(num_assignments: int, num_experts: int, max_block: int = 128) -> int:
@@ -63,7 +67,8 @@ def block_layout(experts: jax.Array, active: jax.Array, num_experts: int,
   src = jnp.where(owner < a, owner // k, n)
   starts = jnp.arange(nb, dtype=jnp.int32) * block
   block_expert = jnp.minimum(jnp.searchsorted(pad_end, starts, side="right"), num_experts - 1)
-  return BlockLayout(row, src.astype(jnp.int32), block_expert.astype(jnp.int32))
+  return BlockLayout(row, src.astype(jnp.int32), block_expert.astype(jnp.int32), owner,
+                     (pad_end[-1] // block).astype(jnp.int32))
 
 
 def blocked_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array,

@@ -10,7 +10,7 @@ run near the machine's rate, in training (A in the thousands) and in decoding (A
 
 Exact and dropless: when some expert receives more than `C` assignments, the layer runs an
 exact path instead (`lax.cond`, decided on device per call): `dense_experts` at decode sizes,
-`moe_blocked.blocked_experts` above them. No assignment is ever dropped; with balanced routing
+`moe_segments.segment_experts` above them. No assignment is ever dropped; with balanced routing
 (BIP, aux-free, or a capacity factor up to 1.5) the slots always suffice, while a skewed router
 (an untrained model without balancing) runs about as fast as the fallback alone.
 
@@ -28,14 +28,19 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxrl_sys.models import moe_blocked, moe_experts
+from jaxrl_sys.models import moe_experts, moe_segments
 from jaxrl_sys.models.layers import swiglu, swiglu_grads
 
 SLOT_FACTOR = 1.5
 # Overflow fallback: at most this many expert x token rows run every expert on every token
 # (`dense_experts`, no weight gathers: faster at decode sizes on XLA:CPU, e.g. 64 tokens x 8
-# experts in 2.5 ms vs 2.9 ms blocked, 128 x 8 in 3.1 vs 6.6 ms); more go to `blocked_experts`.
+# experts in 2.5 ms vs 2.9 ms blocked, 128 x 8 in 3.1 vs 6.6 ms); more go to `segment_experts`.
+# `moe.resolve_implementation` runs `segment_experts` itself above this size.
 DENSE_FALLBACK_ROWS = 4096
+# At decode sizes an overflow first tries twice the slots when that is at most this fraction of
+# the tokens (64 tokens x 8 experts, top-2: 48 slots in 1.7 ms against 2.4 ms dense; 56 or 64
+# slots cost what dense costs).
+DOUBLE_SLOTS_MAX = 0.75
 
 
 def slot_capacity(num_assignments: int, num_experts: int, factor: float = SLOT_FACTOR) -> int:
@@ -62,11 +67,16 @@ def slot_layout(experts: jax.Array, active: jax.Array, num_experts: int, capacit
   return slot, owner, load
 
 
-def _fallback(p, x, experts, gates, active):
-  """The exact path for a call whose routing overflows the slots (gates already masked)."""
-  if x.shape[0] * p["w_gate"].shape[0] <= DENSE_FALLBACK_ROWS:
-    return moe_experts.dense_experts(p, x, experts, gates)
-  return moe_blocked.blocked_experts(p, x, experts, gates, active)
+def _fallback(p, x, experts, gates, active, capacity: int):
+  """The exact path for a call whose routing overflows `capacity` slots (gates already masked):
+  at decode sizes twice the slots while that stays under `DOUBLE_SLOTS_MAX` of the tokens, then
+  `dense_experts`; `segment_experts` above decode sizes."""
+  n = x.shape[0]
+  if n * p["w_gate"].shape[0] > DENSE_FALLBACK_ROWS:
+    return moe_segments.segment_experts(p, x, experts, gates, active)
+  if 2 * capacity <= DOUBLE_SLOTS_MAX * n:
+    return slot_experts(p, x, experts, gates, active, capacity=2 * capacity)
+  return moe_experts.dense_experts(p, x, experts, gates)
 
 
 def _slot_forward(p, x, gates, slot, owner, k: int, capacity: int):
@@ -110,7 +120,13 @@ def _slot_backward(p, gates, slot, owner, res, dout):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _experts(p, x, gates, experts, active, capacity):
-  return _experts_fwd(p, x, gates, experts, active, capacity)[0]
+  # Not differentiated (decoding, reference forwards): no residuals to carry out of the cond.
+  num_experts, k = p["w_gate"].shape[0], experts.shape[1]
+  slot, owner, load = slot_layout(experts, active, num_experts, capacity)
+  return jax.lax.cond(
+      jnp.max(load) <= capacity,
+      lambda: _slot_forward(p, x, gates, slot, owner, k, capacity)[0],
+      lambda: _fallback(p, x, experts, gates, active, capacity))
 
 
 def _experts_fwd(p, x, gates, experts, active, capacity):
@@ -122,18 +138,17 @@ def _experts_fwd(p, x, gates, experts, active, capacity):
   def fallback():
     # Residuals keep the slot path's structure (zeros); the backward recomputes this branch.
     res = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(run)[1])
-    return _fallback(p, x, experts, gates, active), res
+    return _fallback(p, x, experts, gates, active, capacity), res
 
   out, res = jax.lax.cond(fits, run, fallback)
   return out, (p, x, gates, experts, active, slot, owner, fits, res)
 
 
 def _experts_bwd(capacity, saved, dout):
-  del capacity
   p, x, gates, experts, active, slot, owner, fits, res = saved
 
   def fallback():
-    _, vjp = jax.vjp(lambda p, x, g: _fallback(p, x, experts, g, active), p, x, gates)
+    _, vjp = jax.vjp(lambda p, x, g: _fallback(p, x, experts, g, active, capacity), p, x, gates)
     return vjp(dout)
 
   dp, dx, dgates = jax.lax.cond(

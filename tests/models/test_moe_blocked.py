@@ -76,6 +76,11 @@ def test_layout_places_every_active_assignment_once_in_its_experts_block():
   np.testing.assert_array_equal(lay.block_expert[live // block], flat_e[flat_a])
   np.testing.assert_array_equal(lay.src[live], (np.arange(n * k) // k)[flat_a])
   assert (np.delete(lay.src, live) == n).all()                    # the rest is padding
+  np.testing.assert_array_equal(lay.owner[live], np.flatnonzero(flat_a))
+  assert (np.delete(lay.owner, live) == n * k).all()
+  loads = np.bincount(flat_e[flat_a], minlength=e)
+  assert int(lay.used) == int(np.sum(-(-loads // block)))         # blocks holding assignments
+  assert live.max() < int(lay.used) * block
 
 
 def test_block_size_bounds_padding():
@@ -87,7 +92,7 @@ def test_block_size_bounds_padding():
 
 
 def test_auto_model_matches_dense():
-  assert moe.resolve_implementation("ragged") == "ragged"
+  assert moe.resolve_implementation("ragged", 21, 4) == "ragged"
   cfg = models.ModelConfig(vocab_size=48, hidden_size=32, num_layers=2, num_heads=4,
                            num_kv_heads=2, head_dim=8, intermediate_size=64, max_seq_len=32,
                            moe=models.MoEConfig(num_experts=4, num_experts_per_tok=2,

@@ -1,0 +1,68 @@
+"""The block-by-block expert-segment path (CPU default at training sizes) against the dense
+all-experts einsum, in values and gradients, for balanced, skewed and padded routings and for
+blocks smaller and larger than the segments."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_sys import models
+from jaxrl_sys.models import moe, moe_segments
+from tests.models.test_moe_blocked import _routing, assert_matches_dense
+
+
+@pytest.mark.parametrize("n,e,k,block,skew,drop", [
+    (24, 4, 2, None, 0.0, 0),    # balanced, default block
+    (24, 4, 2, 8, 50.0, 0),      # every token on the same two experts: 3 blocks each, 2 empty
+    (37, 4, 2, 8, 0.0, 3),       # ragged segments and inactive assignments
+    (37, 4, 2, 64, 1.0, 0),      # one block longer than every segment
+    (5, 8, 1, None, 0.0, 0),     # fewer tokens than experts
+    (300, 8, 2, 16, 2.0, 5),     # many blocks, skewed, with padding
+])
+def test_segments_equal_dense_values_and_grads(n, e, k, block, skew, drop):
+  experts, gates, active = _routing(n, e, k, seed=n, skew=skew, drop_every=drop)
+  assert_matches_dense(
+      lambda p, x, g: moe_segments.segment_experts(p, x, experts, g, active, block=block),
+      e, n, experts, gates, active)
+
+
+def test_block_rows_is_half_the_balanced_load():
+  assert moe_segments.block_rows(5120, 8) == 320
+  assert moe_segments.block_rows(128, 8) == 8
+  assert moe_segments.block_rows(3, 8) == 8
+  with pytest.raises(ValueError, match="block"):
+    experts, gates, active = _routing(4, 4, 2, seed=0)
+    moe_segments.segment_experts({"w_gate": jnp.zeros((4, 2, 2)), "w_up": jnp.zeros((4, 2, 2)),
+                                  "w_down": jnp.zeros((4, 2, 2))}, jnp.zeros((4, 2)), experts,
+                                 gates, active, block=-1)
+
+
+def test_auto_picks_slots_for_decode_and_segments_for_training_sizes():
+  assert moe.resolve_implementation("auto", 64, 8) == "slots"          # 512 rows: decode
+  assert moe.resolve_implementation("auto", 2560, 8) == "segments"     # a training micro-batch
+  assert moe.resolve_implementation("ragged", 2560, 8) == "ragged"
+
+
+def test_auto_model_at_training_size_matches_dense():
+  """A forward + gradient of a whole MoE model big enough for "auto" to run segments."""
+  cfg = models.ModelConfig(vocab_size=48, hidden_size=16, num_layers=2, num_heads=2,
+                           num_kv_heads=1, head_dim=8, intermediate_size=32, max_seq_len=160,
+                           moe=models.MoEConfig(num_experts=8, num_experts_per_tok=2,
+                                                expert_intermediate_size=8))
+  toks = jax.random.randint(jax.random.PRNGKey(1), (4, 150), 1, 48)     # 600 x 8 rows > 4096
+  assert moe.resolve_implementation("auto", toks.size, 8) == "segments"
+  dense = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, implementation="dense"))
+  params = models.init_params(cfg, jax.random.PRNGKey(0))
+
+  def loss(p, c):
+    return jnp.sum(models.forward(p, c, toks).hidden ** 2)
+
+  vg = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+  ref, g_ref = vg(params, dense)
+  got, g_got = vg(params, cfg)
+  np.testing.assert_allclose(float(got), float(ref), rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(g_got), jax.tree_util.tree_leaves(g_ref)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
