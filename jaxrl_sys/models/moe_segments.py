@@ -3,17 +3,18 @@ XLA:CPU.
 
 The assignments are sorted by expert into the block-padded layout of `moe_blocked.block_layout`:
 expert e owns `ceil(load_e / block)` consecutive blocks of `block` rows, the last one topped up
-with zero rows. A loop then runs the used blocks one by one, each as one `[block, d] x [d, f]`
-GEMM on its expert's weights as they are stored. The work follows the loads exactly (at most
-`A + E * block` rows, whatever the routing: no capacity to overflow, no fallback, no dropping),
-with no per-block weight gather (`moe_blocked` gathers `[blocks, d, f]` weights for one batched
-GEMM) and no capacity padding (`moe_slots` runs 1.5x the balanced load). Zero rows give zero
-outputs and, with their zero cotangents, add nothing to the weight gradients, so no step masks.
+with zero rows. A loop over the experts then runs each expert's blocks one by one, each as one
+`[block, d] x [d, f]` GEMM on that expert's weights as they are stored (sliced once per
+expert). The work follows the loads exactly (at most `A + E * block` rows, whatever the routing:
+no capacity to overflow, no fallback, no dropping), with no per-block weight gather
+(`moe_blocked` gathers `[blocks, d, f]` weights for one batched GEMM) and no capacity padding
+(`moe_slots` runs 1.5x the balanced load). Zero rows give zero outputs and, with their zero
+cotangents, add nothing to the weight gradients, so no step needs a mask.
 
-The backward is written out (a custom VJP) as the same loop: each block's weight gradients are
-added into its expert's slice of `[E, d, f]` float32 accumulators, its row cotangents written in
-place; the moves between tokens and rows are gathers (each row has at most one assignment, each
-active assignment one row).
+The backward is written out (a custom VJP) as the same loops: each expert's weight gradients
+are summed over its blocks in float32 and written to its slice of `[E, d, f]`, the blocks' row
+cotangents written in place; the moves between tokens and rows are gathers (each row has at
+most one assignment, each active assignment one row).
 """
 from __future__ import annotations
 
@@ -41,48 +42,71 @@ def _at(a: jax.Array, i: jax.Array) -> jax.Array:
   return jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
 
 
+def _expert_blocks(lay: moe_blocked.BlockLayout, num_experts: int):
+  """(first block `[E]`, block count `[E]`) of each expert; an expert's blocks are consecutive."""
+  used = (jnp.arange(lay.block_expert.shape[0]) < lay.used).astype(jnp.int32)
+  counts = jnp.zeros((num_experts,), jnp.int32).at[lay.block_expert].add(used)
+  return jnp.cumsum(counts) - counts, counts
+
+
 def _blocks_forward(w, xs, lay: moe_blocked.BlockLayout, block: int, hidden: bool):
   """SwiGLU of the used blocks of `xs [R, d]` -> y `[R, d]`, with the gate and up
-  pre-activations `[R, f]` as well when `hidden` (the backward's residuals)."""
-  rows, d = xs.shape
-  f = w["w_gate"].shape[2]
+  pre-activations `[R, f]` as well when `hidden` (the backward's residuals).
 
-  def body(i, bufs):
-    e, first = lay.block_expert[i], i * block
-    xc = jax.lax.dynamic_slice_in_dim(xs, first, block)
-    gc, uc = xc @ _at(w["w_gate"], e), xc @ _at(w["w_up"], e)
-    yc = swiglu(gc, uc) @ _at(w["w_down"], e)
-    return tuple(jax.lax.dynamic_update_slice_in_dim(buf, c, first, 0)
-                 for buf, c in zip(bufs, (yc, gc, uc)))
+  Two loops: over experts (each slices its weights once), then over that expert's blocks."""
+  rows, d = xs.shape
+  num_experts, _, f = w["w_gate"].shape
+  first, counts = _expert_blocks(lay, num_experts)
+
+  def expert(e, bufs):
+    wg, wu, wd = (_at(w[name], e) for name in _NAMES)
+
+    def blk(i, bufs):
+      xc = jax.lax.dynamic_slice_in_dim(xs, i * block, block)
+      gc, uc = xc @ wg, xc @ wu
+      yc = swiglu(gc, uc) @ wd
+      return tuple(jax.lax.dynamic_update_slice_in_dim(buf, c, i * block, 0)
+                   for buf, c in zip(bufs, (yc, gc, uc)))
+
+    return jax.lax.fori_loop(first[e], first[e] + counts[e], blk, bufs)
 
   bufs = (jnp.zeros((rows, d), xs.dtype),)
   if hidden:
     bufs += (jnp.zeros((rows, f), xs.dtype), jnp.zeros((rows, f), xs.dtype))
-  return jax.lax.fori_loop(0, lay.used, body, bufs)
+  return jax.lax.fori_loop(0, num_experts, expert, bufs)
 
 
 def _blocks_backward(w, xs, g, u, dy, lay: moe_blocked.BlockLayout, block: int):
   """Cotangents (weights as float32 `[E, ., .]`, rows `[R, d]`) of `_blocks_forward`."""
   f32 = jnp.float32
+  num_experts = w["w_gate"].shape[0]
+  first, counts = _expert_blocks(lay, num_experts)
 
-  def body(i, carry):
-    dxs, dwg, dwu, dwd = carry
-    e, first = lay.block_expert[i], i * block
-    xc, gc, uc, dyc = (jax.lax.dynamic_slice_in_dim(a, first, block) for a in (xs, g, u, dy))
+  def expert(e, carry):
+    dxs, dws = carry
     wg, wu, wd = (_at(w[name], e) for name in _NAMES)
-    dgc, duc = swiglu_grads(gc, uc, dyc @ wd.T)
 
-    def add(acc, a, b):  # acc[e] += a^T b, updated in place
-      return jax.lax.dynamic_update_index_in_dim(
-          acc, _at(acc, e) + jnp.dot(a.T, b, preferred_element_type=f32), e, 0)
+    def blk(i, carry):
+      dxs, dwg, dwu, dwd = carry
+      xc, gc, uc, dyc = (jax.lax.dynamic_slice_in_dim(a, i * block, block)
+                         for a in (xs, g, u, dy))
+      dgc, duc = swiglu_grads(gc, uc, dyc @ wd.T)
 
-    dxc = dgc @ wg.T + duc @ wu.T
-    return (jax.lax.dynamic_update_slice_in_dim(dxs, dxc, first, 0), add(dwg, xc, dgc),
-            add(dwu, xc, duc), add(dwd, swiglu(gc, uc), dyc))
+      def mm(a, b):  # a^T b in float32
+        return jnp.dot(a.T, b, preferred_element_type=f32)
 
-  init = (jnp.zeros_like(xs),) + tuple(jnp.zeros(w[n].shape, f32) for n in _NAMES)
-  dxs, dwg, dwu, dwd = jax.lax.fori_loop(0, lay.used, body, init)
-  return {"w_gate": dwg, "w_up": dwu, "w_down": dwd}, dxs
+      dxc = dgc @ wg.T + duc @ wu.T
+      return (jax.lax.dynamic_update_slice_in_dim(dxs, dxc, i * block, 0), dwg + mm(xc, dgc),
+              dwu + mm(xc, duc), dwd + mm(swiglu(gc, uc), dyc))
+
+    init = (dxs,) + tuple(jnp.zeros(w[name].shape[1:], f32) for name in _NAMES)
+    dxs, *dw = jax.lax.fori_loop(first[e], first[e] + counts[e], blk, init)
+    return dxs, tuple(jax.lax.dynamic_update_index_in_dim(acc, v, e, 0)
+                      for acc, v in zip(dws, dw))
+
+  init = (jnp.zeros_like(xs), tuple(jnp.zeros(w[name].shape, f32) for name in _NAMES))
+  dxs, dws = jax.lax.fori_loop(0, num_experts, expert, init)
+  return dict(zip(_NAMES, dws)), dxs
 
 
 def _zero_row(a: jax.Array) -> jax.Array:
