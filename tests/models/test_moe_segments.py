@@ -20,7 +20,8 @@ from tests.models.test_moe_blocked import _routing, assert_matches_dense
     (37, 4, 2, 8, 0.0, 3),       # ragged segments and inactive assignments
     (37, 4, 2, 64, 1.0, 0),      # one block longer than every segment
     (5, 8, 1, None, 0.0, 0),     # fewer tokens than experts
-    (300, 8, 2, 16, 2.0, 5),     # many blocks, skewed, with padding
+    (300, 8, 2, 16, 2.0, 5),     # many blocks and 4-row tail blocks, skewed, with padding
+    (300, 8, 2, 30, 0.0, 0),     # a block that is no multiple of TAIL_SPLIT: 8-row tails
 ])
 def test_segments_equal_dense_values_and_grads(n, e, k, block, skew, drop):
   experts, gates, active = _routing(n, e, k, seed=n, skew=skew, drop_every=drop)
@@ -30,9 +31,9 @@ def test_segments_equal_dense_values_and_grads(n, e, k, block, skew, drop):
 
 
 def test_block_rows_is_half_the_balanced_load():
-  assert moe_segments.block_rows(5120, 8) == 320
-  assert moe_segments.block_rows(128, 8) == 8
-  assert moe_segments.block_rows(3, 8) == 8
+  assert moe_segments.block_rows(5120, 8) == 320          # tail blocks of 80 rows
+  assert moe_segments.block_rows(128, 8) == 32            # tail blocks of 8 rows
+  assert moe_segments.block_rows(3, 8) == 32
   with pytest.raises(ValueError, match="block"):
     experts, gates, active = _routing(4, 4, 2, seed=0)
     moe_segments.segment_experts({"w_gate": jnp.zeros((4, 2, 2)), "w_up": jnp.zeros((4, 2, 2)),
