@@ -98,10 +98,16 @@ def test_auto_model_matches_dense():
                            moe=models.MoEConfig(num_experts=4, num_experts_per_tok=2,
                                                 expert_intermediate_size=16))
   assert cfg.moe.implementation == "auto"
-  dense = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, implementation="dense"))
-  params = models.init_params(cfg, jax.random.PRNGKey(0))
   toks = jax.random.randint(jax.random.PRNGKey(1), (3, 7), 1, 48)
   mask = jnp.array([[0, 0, 1, 1, 1, 1, 1], [1] * 7, [1, 1, 1, 0, 0, 0, 0]])
+  assert_model_matches_dense(cfg, toks, mask)
+
+
+def assert_model_matches_dense(cfg, toks, mask):
+  """A jitted forward + gradient of the model `cfg` equals the same with `implementation="dense"`
+  (loss over the real tokens of `toks [batch, seq]` under `mask`)."""
+  dense = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, implementation="dense"))
+  params = models.init_params(cfg, jax.random.PRNGKey(0))
 
   def loss(p, c):
     h = models.forward(p, c, toks, attention_mask=mask).hidden
