@@ -5,10 +5,9 @@ import pytest
 
 import jax
 import jax.numpy as jnp
-
-from jaxrl_sys import models
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxrl_sys import models
 from jaxrl_sys.models import moe, moe_experts, moe_segments
 from jaxrl_sys.sharding import make_mesh
 from tests.models.test_moe_blocked import (_experts, _routing, assert_matches_dense,
