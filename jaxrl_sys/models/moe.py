@@ -6,7 +6,7 @@ top-k with optional renormalisation and a routed scaling factor, capacity-factor
 dropless. Implementations (`MoEConfig.implementation`): "ragged" (grouped matmul via
 `jax.lax.ragged_dot`), "slots" (expert-major slot buffers, one batched GEMM on the weights as
 they are, an exact fallback on overflow; `models/moe_slots.py`), "segments" (expert-sorted
-segments walked in chunks, one GEMM per chunk on its expert's weights, exact with no capacity;
+segments walked in blocks, one GEMM per block on its expert's weights, exact with no capacity;
 `models/moe_segments.py`), "blocked" (expert-sorted row blocks, one batched GEMM over gathered
 weights; `models/moe_blocked.py`), "auto" (on CPU slots at decode sizes and segments at
 training sizes; ragged on GPU/TPU), "dense" (einsum over all experts, the reference) and

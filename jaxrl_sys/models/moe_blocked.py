@@ -1,4 +1,5 @@
-"""Block-sparse routed experts: the fast dropless path for XLA:CPU.
+"""Block-sparse routed experts: an exact dropless path for XLA:CPU (one batched GEMM over
+gathered per-block weights; `moe_segments` reuses its layout without the weight gather).
 
 `jax.lax.ragged_dot` runs on XLA:CPU as one dense matmul per group (E times the work), and the
 dense einsum reference runs every expert on every token (E / k times the work). Here the
@@ -91,12 +92,11 @@ def blocked_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array,
   block = block or block_size(n * k, num_experts)
   lay = block_layout(experts, active, num_experts, block)
   nb = lay.block_expert.shape[0]
-  xp = jnp.concatenate([x, jnp.zeros((1, d), dt)])
-  xs = xp[lay.src].reshape(nb, block, d)
+  xs = moe_experts.gather_rows(x, lay.src).reshape(nb, block, d)
   w = {name: p[name].astype(dt)[lay.block_expert] for name in ("w_gate", "w_up", "w_down")}
   g = jnp.einsum("bmd,bdf->bmf", xs, w["w_gate"])
   u = jnp.einsum("bmd,bdf->bmf", xs, w["w_up"])
   y = jnp.einsum("bmf,bfd->bmd", swiglu(g, u), w["w_down"]).reshape(nb * block, d)
-  yp = jnp.concatenate([y, jnp.zeros((1, d), dt)])
-  ya = yp[jnp.where(active.reshape(-1), lay.row, nb * block)].reshape(n, k, d)
+  ya = moe_experts.gather_rows(y, jnp.where(active.reshape(-1), lay.row, nb * block)).reshape(
+      n, k, d)
   return jnp.einsum("nkd,nk->nd", ya, gates.astype(dt))

@@ -77,6 +77,12 @@ def sort_by_expert(experts: jax.Array, active: jax.Array, num_experts: int):
   return order, sizes, flat[order]
 
 
+def gather_rows(a: jax.Array, index: jax.Array) -> jax.Array:
+  """`a [m, d]` rows at `index` (any int shape), where index `m` reads a zero row (padding,
+  empty slots, inactive assignments)."""
+  return jnp.concatenate([a, jnp.zeros((1, a.shape[1]), a.dtype)])[index]
+
+
 def place_sorted(order: jax.Array, sorted_ids: jax.Array, sizes: jax.Array, first_row: jax.Array,
                  limit: int, rows: int):
   """Rows of a `[rows, ...]` buffer for the assignments of `sort_by_expert`: expert e's i-th

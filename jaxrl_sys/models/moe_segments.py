@@ -25,7 +25,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxrl_sys.models import moe_blocked
+from jaxrl_sys.models import moe_blocked, moe_experts
 from jaxrl_sys.models.layers import swiglu, swiglu_grads
 
 _NAMES = ("w_gate", "w_up", "w_down")
@@ -126,19 +126,14 @@ def _blocks_backward(w, xs, g, u, dy, lay: moe_blocked.BlockLayout, unit: int):
   return dict(zip(_NAMES, dws)), dxs
 
 
-def _zero_row(a: jax.Array) -> jax.Array:
-  """`a [m, d]` with a zero row appended (the row that index `m` gathers)."""
-  return jnp.concatenate([a, jnp.zeros((1, a.shape[1]), a.dtype)])
-
-
 def _run(w, x, gates, experts, active, unit: int, hidden: bool):
   n, k = experts.shape
   dt = x.dtype
   wc = {name: w[name].astype(dt) for name in _NAMES}
   lay = moe_blocked.block_layout(experts, active, wc["w_gate"].shape[0], unit)
-  xs = _zero_row(x)[lay.src]
+  xs = moe_experts.gather_rows(x, lay.src)
   y, *gu = _blocks_forward(wc, xs, lay, unit, hidden)
-  ya = _zero_row(y)[lay.row].reshape(n, k, -1)        # inactive assignments: the zero row
+  ya = moe_experts.gather_rows(y, lay.row).reshape(n, k, -1)   # inactive: the zero row
   out = jnp.einsum("nkd,nk->nd", ya, gates.astype(dt))
   return out, (w, xs, *gu, ya, lay, gates)
 
@@ -160,8 +155,8 @@ def _experts_bwd(unit, saved, dout):
   dgates = jnp.einsum("nkd,nd->nk", ya.astype(jnp.float32),
                       dout.astype(jnp.float32)).astype(gates.dtype)
   dya = (dout[:, None, :] * gates[..., None].astype(dt)).reshape(n * k, d)
-  dw, dxs = _blocks_backward(wc, xs, g, u, _zero_row(dya)[lay.owner], lay, unit)
-  dx = _zero_row(dxs)[lay.row].reshape(n, k, d).sum(axis=1)
+  dw, dxs = _blocks_backward(wc, xs, g, u, moe_experts.gather_rows(dya, lay.owner), lay, unit)
+  dx = moe_experts.gather_rows(dxs, lay.row).reshape(n, k, d).sum(axis=1)
   return ({name: dw[name].astype(w[name].dtype) for name in _NAMES}, dx, dgates, None, None)
 
 

@@ -1,12 +1,13 @@
-"""Expert-major slot buffers: the fast dropless path for XLA:CPU.
+"""Expert-major slot buffers: the fast dropless path for XLA:CPU at decode sizes.
 
 Each expert owns `C` consecutive rows ("slots") of a `[E * C, d]` buffer, `C = slot_capacity(A,
 E)` for `A = tokens * k` assignments (1.5x the balanced load, a multiple of 8), at most `tokens`
 (an expert gets at most one assignment per token, so `C = tokens` never overflows). The assignments
 are written to their expert's slots in token order and the experts run as one batched GEMM
 `[E, C, d] x [E, d, f]` on the weights as they are: no per-block weight gather (as in
-`moe_blocked`), no scatter-add of weight gradients, and row counts large enough for the GEMMs to
-run near the machine's rate, in training (A in the thousands) and in decoding (A = 2 x batch).
+`moe_blocked`), no scatter-add of weight gradients, and one GEMM call per weight however many
+experts there are, which is what decode steps (A = 2 x batch) need. At training sizes
+`moe.resolve_implementation` runs `moe_segments` instead, where the 1.5x padding costs more.
 
 Exact and dropless: when some expert receives more than `C` assignments, the layer runs an
 exact path instead (`lax.cond`, decided on device per call): `dense_experts` at decode sizes,
@@ -85,12 +86,12 @@ def _slot_forward(p, x, gates, slot, owner, k: int, capacity: int):
   d, dt = x.shape[1], x.dtype
   num_experts = p["w_gate"].shape[0]
   s, a = num_experts * capacity, n * k
-  xp = jnp.concatenate([x, jnp.zeros((1, d), dt)])
-  xs = xp[jnp.where(owner < a, owner // k, n)].reshape(num_experts, capacity, d)
+  xs = moe_experts.gather_rows(x, jnp.where(owner < a, owner // k, n)).reshape(
+      num_experts, capacity, d)
   g = jnp.einsum("emd,edf->emf", xs, p["w_gate"].astype(dt))
   u = jnp.einsum("emd,edf->emf", xs, p["w_up"].astype(dt))
   y = jnp.einsum("emf,efd->emd", swiglu(g, u), p["w_down"].astype(dt)).reshape(s, d)
-  ya = jnp.concatenate([y, jnp.zeros((1, d), dt)])[slot].reshape(n, k, d)
+  ya = moe_experts.gather_rows(y, slot).reshape(n, k, d)
   return jnp.einsum("nkd,nk->nd", ya, gates.astype(dt)), (xs, g, u, ya)
 
 
@@ -103,7 +104,7 @@ def _slot_backward(p, gates, slot, owner, res, dout):
   f32 = jnp.float32
   dgates = jnp.einsum("nkd,nd->nk", ya.astype(f32), dout.astype(f32)).astype(gates.dtype)
   dya = (dout[:, None, :] * gates[..., None].astype(dt)).reshape(n * k, d)
-  dy = jnp.concatenate([dya, jnp.zeros((1, d), dt)])[owner].reshape(num_experts, capacity, d)
+  dy = moe_experts.gather_rows(dya, owner).reshape(num_experts, capacity, d)
   wg, wu, wd = (p[name].astype(dt) for name in ("w_gate", "w_up", "w_down"))
   dh = jnp.einsum("emd,efd->emf", dy, wd)
   dwd = jnp.einsum("emf,emd->efd", swiglu(g, u), dy)
@@ -111,29 +112,30 @@ def _slot_backward(p, gates, slot, owner, res, dout):
   dwg = jnp.einsum("emd,emf->edf", xs, dg)
   dwu = jnp.einsum("emd,emf->edf", xs, du)
   dxs = jnp.einsum("emf,edf->emd", dg, wg) + jnp.einsum("emf,edf->emd", du, wu)
-  dxp = jnp.concatenate([dxs.reshape(num_experts * capacity, d), jnp.zeros((1, d), dt)])
-  dx = dxp[slot].reshape(n, k, d).sum(axis=1)
+  dx = moe_experts.gather_rows(dxs.reshape(num_experts * capacity, d), slot).reshape(
+      n, k, d).sum(axis=1)
   dp = {"w_gate": dwg.astype(p["w_gate"].dtype), "w_up": dwu.astype(p["w_up"].dtype),
         "w_down": dwd.astype(p["w_down"].dtype)}
   return dp, dx, dgates
 
 
+def _slot_plan(p, x, gates, experts, active, capacity):
+  """(slot, owner, fits: the loads fit the slots, run: the slot forward as a thunk)."""
+  slot, owner, load = slot_layout(experts, active, p["w_gate"].shape[0], capacity)
+  run = functools.partial(_slot_forward, p, x, gates, slot, owner, experts.shape[1], capacity)
+  return slot, owner, jnp.max(load) <= capacity, run
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _experts(p, x, gates, experts, active, capacity):
   # Not differentiated (decoding, reference forwards): no residuals to carry out of the cond.
-  num_experts, k = p["w_gate"].shape[0], experts.shape[1]
-  slot, owner, load = slot_layout(experts, active, num_experts, capacity)
-  return jax.lax.cond(
-      jnp.max(load) <= capacity,
-      lambda: _slot_forward(p, x, gates, slot, owner, k, capacity)[0],
-      lambda: _fallback(p, x, experts, gates, active, capacity))
+  _, _, fits, run = _slot_plan(p, x, gates, experts, active, capacity)
+  return jax.lax.cond(fits, lambda: run()[0],
+                      lambda: _fallback(p, x, experts, gates, active, capacity))
 
 
 def _experts_fwd(p, x, gates, experts, active, capacity):
-  num_experts, k = p["w_gate"].shape[0], experts.shape[1]
-  slot, owner, load = slot_layout(experts, active, num_experts, capacity)
-  fits = jnp.max(load) <= capacity
-  run = functools.partial(_slot_forward, p, x, gates, slot, owner, k, capacity)
+  slot, owner, fits, run = _slot_plan(p, x, gates, experts, active, capacity)
 
   def fallback():
     # Residuals keep the slot path's structure (zeros); the backward recomputes this branch.
