@@ -10,8 +10,12 @@ experts there are, which is what decode steps (A = 2 x batch) need. At training 
 `moe.resolve_implementation` runs `moe_segments` instead, where the 1.5x padding costs more.
 
 Exact and dropless: when some expert receives more than `C` assignments, the layer runs an
-exact path instead (`lax.cond`, decided on device per call): `dense_experts` at decode sizes,
-`moe_segments.segment_experts` above them. No assignment is ever dropped; with balanced routing
+exact path instead (decided on device per call). A non-differentiated call at decode sizes (the
+rollout's decode steps) sorts once and picks the smallest of four slot tiers from `C` up to
+`DOUBLE_SLOTS_MAX` of the tokens (`slot_tiers`: 24, 32, 40, 48 at 64 tokens) that holds the
+largest load (`lax.switch`), then `dense_experts`: an untrained router's decode loads spread
+over those tiers, and each tier runs only the rows it needs. A differentiated call tries twice the
+slots, then `dense_experts`; above decode sizes the fallback is `moe_segments.segment_experts`. No assignment is ever dropped; with balanced routing
 (BIP, aux-free, or a capacity factor up to 1.5) the slots always suffice, while a skewed router
 (an untrained model without balancing) runs about as fast as the fallback alone.
 
@@ -38,9 +42,9 @@ SLOT_FACTOR = 1.5
 # experts in 2.5 ms vs 2.9 ms blocked, 128 x 8 in 3.1 vs 6.6 ms); more go to `segment_experts`.
 # `moe.resolve_implementation` runs `segment_experts` itself above this size.
 DENSE_FALLBACK_ROWS = 4096
-# At decode sizes an overflow first tries twice the slots when that is at most this fraction of
-# the tokens (64 tokens x 8 experts, top-2: 48 slots in 1.7 ms against 2.4 ms dense; 56 or 64
-# slots cost what dense costs).
+# At decode sizes an overflow runs more slots while they are at most this fraction of the tokens
+# (64 tokens x 8 experts, top-2: 48 slots in 1.7 ms against 2.4 ms dense; 56 or 64 slots cost
+# what dense costs).
 DOUBLE_SLOTS_MAX = 0.75
 
 
@@ -126,9 +130,41 @@ def _slot_plan(p, x, gates, experts, active, capacity):
   return slot, owner, jnp.max(load) <= capacity, run
 
 
+def slot_tiers(tokens: int, num_experts: int, capacity: int, count: int = 4) -> tuple[int, ...]:
+  """Slot capacities the non-differentiated call picks from at decode sizes: `capacity`, then
+  steps of a multiple of 8 up to `DOUBLE_SLOTS_MAX * tokens` (at most `count` tiers); () above
+  decode sizes. 64 tokens, top-2 of 8 experts: (24, 32, 40, 48)."""
+  if tokens * num_experts > DENSE_FALLBACK_ROWS:
+    return ()
+  top = max(capacity, min(tokens, int(DOUBLE_SLOTS_MAX * tokens)))
+  step = max(8, -(-(top - capacity) // (8 * max(count - 1, 1))) * 8)
+  return tuple(range(capacity, top, step)) + (top,)
+
+
+def _tiered(p, x, gates, experts, active, tiers):
+  """The non-differentiated call at decode sizes: one sort, then the smallest slot tier that
+  holds the largest load (`lax.switch`, decided on device), `dense_experts` past the last."""
+  num_experts, k = p["w_gate"].shape[0], experts.shape[1]
+  order, load, sorted_ids = moe_experts.sort_by_expert(experts, active, num_experts)
+
+  def branch(c):
+    def run():
+      slot, owner = moe_experts.place_sorted(order, sorted_ids, load,
+                                             jnp.arange(num_experts) * c, c, num_experts * c)
+      return _slot_forward(p, x, gates, slot, owner, k, c)[0]
+    return run
+
+  tier = jnp.sum(jnp.asarray(tiers, jnp.int32) < jnp.max(load))
+  return jax.lax.switch(tier, [branch(c) for c in tiers]
+                        + [lambda: moe_experts.dense_experts(p, x, experts, gates)])
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _experts(p, x, gates, experts, active, capacity):
   # Not differentiated (decoding, reference forwards): no residuals to carry out of the cond.
+  tiers = slot_tiers(x.shape[0], p["w_gate"].shape[0], capacity)
+  if tiers:
+    return _tiered(p, x, gates, experts, active, tiers)
   _, _, fits, run = _slot_plan(p, x, gates, experts, active, capacity)
   return jax.lax.cond(fits, lambda: run()[0],
                       lambda: _fallback(p, x, experts, gates, active, capacity))
