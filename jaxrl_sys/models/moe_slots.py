@@ -14,10 +14,10 @@ exact path instead (decided on device per call). A non-differentiated call at de
 rollout's decode steps) sorts once and picks the smallest of four slot tiers from `C` up to
 `DOUBLE_SLOTS_MAX` of the tokens (`slot_tiers`: 24, 32, 40, 48 at 64 tokens) that holds the
 largest load (`lax.switch`), then `dense_experts`: an untrained router's decode loads spread
-over those tiers, and each tier runs only the rows it needs. A differentiated call tries twice the
-slots, then `dense_experts`; above decode sizes the fallback is `moe_segments.segment_experts`. No assignment is ever dropped; with balanced routing
-(BIP, aux-free, or a capacity factor up to 1.5) the slots always suffice, while a skewed router
-(an untrained model without balancing) runs about as fast as the fallback alone.
+over those tiers, and each tier runs only the rows it needs. A differentiated call tries twice
+the slots, then `dense_experts`; above decode sizes the fallback is
+`moe_segments.segment_experts`. No assignment is ever dropped; with balanced routing (BIP,
+aux-free, or a capacity factor up to 1.5) the slots always suffice.
 
 The backward is written out (a custom VJP): the moves between token rows and slots are
 gathers whose transposes are again gathers (each assignment has one slot, each slot at most one
