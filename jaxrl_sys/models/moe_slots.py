@@ -66,10 +66,14 @@ def slot_layout(experts: jax.Array, active: jax.Array, num_experts: int, capacit
     assignment of each slot (`A` = empty), load `[E]` int32 active assignments per expert).
   """
   order, load, sorted_ids = moe_experts.sort_by_expert(experts, active, num_experts)
-  slot, owner = moe_experts.place_sorted(order, sorted_ids, load,
-                                         jnp.arange(num_experts) * capacity, capacity,
-                                         num_experts * capacity)
-  return slot, owner, load
+  return (*_place(order, load, sorted_ids, capacity), load)
+
+
+def _place(order, load, sorted_ids, capacity: int):
+  """(slot, owner) of `slot_layout` from a `sort_by_expert` result, for `capacity` slots."""
+  num_experts = load.shape[0]
+  return moe_experts.place_sorted(order, sorted_ids, load, jnp.arange(num_experts) * capacity,
+                                  capacity, num_experts * capacity)
 
 
 def _fallback(p, x, experts, gates, active, capacity: int):
@@ -148,11 +152,7 @@ def _tiered(p, x, gates, experts, active, tiers):
   order, load, sorted_ids = moe_experts.sort_by_expert(experts, active, num_experts)
 
   def branch(c):
-    def run():
-      slot, owner = moe_experts.place_sorted(order, sorted_ids, load,
-                                             jnp.arange(num_experts) * c, c, num_experts * c)
-      return _slot_forward(p, x, gates, slot, owner, k, c)[0]
-    return run
+    return lambda: _slot_forward(p, x, gates, *_place(order, load, sorted_ids, c), k, c)[0]
 
   tier = jnp.sum(jnp.asarray(tiers, jnp.int32) < jnp.max(load))
   return jax.lax.switch(tier, [branch(c) for c in tiers]
