@@ -4,8 +4,9 @@ Pure core:
 - `TrainState(step, params, opt_state, ref_params, moe_state, rng)`, `init_train_state`,
   `abstract_state`, `state_shardings`, `with_shardings` (restore targets on any mesh).
 - `train_step(state, batch[micro, rows, T]) -> (state, metrics)` and its pieces `init_accum`,
-  `accumulate`, `apply` (global normalisation across micro-batches); `make_train_fns` jits them
-  on a mesh (`TrainFns.step / init_accum / accumulate / apply / put_batch`).
+  `accumulate`, `apply` (global normalisation across micro-batches), and `fused_step` (a step of
+  one micro-batch as one program); `make_train_fns` jits them on a mesh
+  (`TrainFns.step / init_accum / accumulate / apply / fused_step / put_batch`).
 - `TrainBatch`, `Sample`, `pack`, `stack`: completions -> fixed-shape padded arrays.
 - `make_optimizer` (clip -> AdamW(schedule) -> ESS scale), `make_schedule`.
 - Configs: `TrainConfig` (+ `train_config_for_algo`), `LoopConfig`, `OptimConfig`,
@@ -41,8 +42,8 @@ from jaxrl_sys.train.recipe import RecipeConfig, RecipeResult, build_recipe, run
 from jaxrl_sys.train.run_dir import new_run_dir, prepare_run_dir
 from jaxrl_sys.train.state import (TrainState, abstract_state, init_train_state, state_shardings,
                                    with_shardings)
-from jaxrl_sys.train.step import (Accum, TrainFns, accumulate, apply, init_accum, make_train_fns,
-                                  token_logprobs, train_step)
+from jaxrl_sys.train.step import (Accum, TrainFns, accumulate, apply, fused_step, init_accum,
+                                  make_train_fns, token_logprobs, train_step)
 from jaxrl_sys.train.supervised import supervised_warmup
 
 __all__ = [
@@ -51,7 +52,7 @@ __all__ = [
     "PeriodicEval", "Progress", "RLLoop", "RecipeConfig", "RecipeResult", "Restored",
     "RolloutBuffer", "RunResult", "Sample", "TrainBatch", "TrainConfig", "TrainFns", "TrainState",
     "abstract_state", "accumulate", "apply", "build_recipe", "evaluate", "fingerprint",
-    "init_accum", "init_train_state", "load_model", "make_optimizer", "make_schedule",
+    "fused_step", "init_accum", "init_train_state", "load_model", "make_optimizer", "make_schedule",
     "make_train_fns", "new_run_dir", "pack", "plot_history", "prepare_run_dir", "run_recipe",
     "stack", "state_shardings", "supervised_warmup", "token_logprobs", "train_config_for_algo",
     "train_step", "with_shardings",

@@ -277,9 +277,17 @@ class RLLoop:
           len(pending_micro) // m * m if lc.dynamic_micro_batching else 0)
       if n:
         t0 = self.clock.now()
-        acc = self._accumulate(state, acc, pending_micro[:n], scored)
-        t_train += self.clock.now() - t0
+        batches = self._micro_batches(pending_micro[:n], scored)
         pending_micro = pending_micro[n:]
+        if acc is None and len(batches) == 1 and len(taken) == b:
+          # The whole step is one micro-batch: gradient and update in one program.
+          state, metrics = fns.fused_step(state, batches[0])
+          metrics = jax.device_get(metrics)
+          t_train += self.clock.now() - t0
+          return state, metrics, taken, scored, t_roll, t_train
+        for mb in batches:
+          acc = fns.accumulate(state, fns.init_accum(state, mb) if acc is None else acc, mb)
+        t_train += self.clock.now() - t0
     t0 = self.clock.now()
     state, metrics = fns.apply(state, acc)
     metrics = jax.device_get(metrics)
@@ -300,22 +308,19 @@ class RLLoop:
     newer = [g for g in ready if g.admitted_version > due]
     return overdue + newer[:max(room - len(overdue) - late, 0)]
 
-  def _accumulate(self, state, acc, groups: list[Group], scored: list):
-    """Scores `groups`, packs them into micro-batches of at most m_b groups, sized to the
-    groups present (`batch.micro_batches`), and accumulates each."""
-    i = 0
+  def _micro_batches(self, groups: list[Group], scored: list) -> list:
+    """Scores `groups` and packs them into device micro-batches of at most m_b groups, sized
+    to the groups present (`batch.micro_batches`)."""
+    out, i = [], 0
     for n, padded in batch_lib.micro_batches(len(groups), self.lc.micro_batch_groups,
                                              self.fns.min_groups(self.samples)):
       chunk, i = groups[i:i + n], i + n
       sc = score_groups(chunk, self.task, self.tok, self.tc.advantage, pad_to=padded)
       scored.append(sc)
-      mb = self.fns.put_batch(batch_lib.pack(sc.samples, padded * self.samples,
-                                             self.lc.seq_len, self.tok.pad_id,
-                                             window=self.lc.max_new_tokens))
-      if acc is None:
-        acc = self.fns.init_accum(state, mb)
-      acc = self.fns.accumulate(state, acc, mb)
-    return acc
+      out.append(self.fns.put_batch(batch_lib.pack(sc.samples, padded * self.samples,
+                                                   self.lc.seq_len, self.tok.pad_id,
+                                                   window=self.lc.max_new_tokens)))
+    return out
 
   def _boundary(self, client, buffer: RolloutBuffer, version: int) -> None:
     """Files unread completions. Sync mode: the over-provisioned (APRIL) requests still in

@@ -245,6 +245,15 @@ def _safe_div(a, b):
   return jnp.where(b > 0, a / jnp.where(b > 0, b, 1.0), 0.0)
 
 
+def fused_step(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
+           train_config: TrainConfig, optimizer, schedule=None) -> tuple[TrainState, dict]:
+  """A step whose batch is one micro-batch `[rows, T]`: `apply(accumulate(init_accum))` as one
+  program (pure). The zero sums fold away and the gradient goes straight into the optimizer,
+  with no accumulator written and read back between programs."""
+  kw = dict(model_config=model_config, train_config=train_config)
+  acc = accumulate(state, init_accum(state, mb, **kw), mb, **kw)
+  return apply(state, acc, optimizer=optimizer, schedule=schedule, **kw)
+
 
 def train_step(state: TrainState, batch: TrainBatch, *, model_config: ModelConfig,
                train_config: TrainConfig, optimizer, schedule=None) -> tuple[TrainState, dict]:
@@ -272,6 +281,8 @@ class TrainFns:
     init_accum: `(state, micro_batch) -> Accum`.
     accumulate: `(state, acc, micro_batch[rows, T]) -> acc`; donates acc.
     apply: `(state, acc) -> (state, metrics)`; donates the state except its parameters.
+    fused_step: `(state, micro_batch[rows, T]) -> (state, metrics)`, a step of one micro-batch
+      (`init_accum`, `accumulate` and `apply` in one program); donates as `apply` does.
     shardings: `TrainState` of NamedShardings.
     mesh: the mesh.
   """
@@ -279,6 +290,7 @@ class TrainFns:
   init_accum: Callable
   accumulate: Callable
   apply: Callable
+  fused_step: Callable
   shardings: TrainState
   mesh: jax.sharding.Mesh
   rules: Rules
@@ -327,17 +339,28 @@ def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimiz
   def _acc(state, acc, mb):
     return accumulate(state, acc, mb, **kw)
 
-  def _apply(rest, params, acc):
-    return apply(rest._replace(params=params), acc, **kw, **opt)
-
-
   d = (lambda *a: a) if donate else (lambda *a: ())
-  # The parameters are not donated: the in-memory weight store hands them to the rollout
-  # engine without a copy (`rollout.weights.MemoryWeightStore`), so they must outlive the step.
-  apply_jit = jax.jit(_apply, out_shardings=(sh, rep), donate_argnums=d(0))
+
+  def _params_last(fn):
+    # The parameters are not donated (the in-memory weight store hands them to the rollout
+    # engine without a copy, so they must outlive the step). jit pairs donated inputs with
+    # outputs of the same shape in output order, so the new parameters go last: the optimizer
+    # moments and the reference weights then update their own buffers in place, where new
+    # parameters listed first would take the moments' buffers and force a copy of each.
+    def run(rest, params, x):
+      state, metrics = fn(rest._replace(params=params), x, **kw, **opt)
+      return state._replace(params=None), state.params, metrics
+    out_sh = (sh._replace(params=None), sh.params, rep)
+    jitted = jax.jit(run, out_shardings=out_sh, donate_argnums=d(0))
+
+    def call(state, x):
+      rest, params, metrics = jitted(state._replace(params=None), state.params, x)
+      return rest._replace(params=params), metrics
+    return call
+
   return TrainFns(
       step=jax.jit(_step, out_shardings=(sh, rep), donate_argnums=d(0)),
       init_accum=jax.jit(_init, out_shardings=acc_sh),
       accumulate=jax.jit(_acc, out_shardings=acc_sh, donate_argnums=d(1)),
-      apply=lambda state, acc: apply_jit(state._replace(params=None), state.params, acc),
+      apply=_params_last(apply), fused_step=_params_last(fused_step),
       shardings=sh, mesh=mesh, rules=rules)
