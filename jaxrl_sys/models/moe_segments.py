@@ -13,9 +13,12 @@ rows give zero outputs and, with their zero cotangents, add nothing to the weigh
 no step needs a mask.
 
 The backward is written out (a custom VJP) as the same loops: each expert's weight gradients
-are summed over its blocks in float32 and written to its slice of `[E, d, f]`, the blocks' row
-cotangents written in place; the moves between tokens and rows are gathers (each row has at
-most one assignment, each active assignment one row).
+are summed over its blocks in float32 and written to its slice of `[E, d, f]`, each block's row
+cotangents written over the rows of output cotangents it has just read (in place: no buffer to
+fill first, 45 against 57 ms per layer's forward and backward at 2560 tokens); the moves
+between tokens and rows are gathers (each row has at most one assignment, each active
+assignment one row). Buffers whose every read entry is written first start as `_scratch`, not
+as zeros that every loop would copy in.
 """
 from __future__ import annotations
 
@@ -67,9 +70,18 @@ def _over_rows(first, count, unit: int, step, carry):
                            lambda i, c: step(unit, i * unit, c), carry)
 
 
+def _scratch(like: jax.Array, shape, dtype, salt: int) -> jax.Array:
+  """A buffer of `shape` whose values do not matter (every entry that is read is written
+  first): a broadcast of a scalar read from `like`. A zeros constant would be shared by every
+  such buffer of the program (common subexpressions) and copied into each loop, a read and a
+  write; a broadcast of its own (`salt` picks the scalar) is written once."""
+  return jnp.broadcast_to((like.reshape(-1)[salt] * 0).astype(dtype), shape)
+
+
 def _blocks_forward(w, xs, lay: moe_blocked.BlockLayout, unit: int, hidden: bool):
   """SwiGLU of the used units of `xs [R, d]` -> y `[R, d]`, with the gate and up
-  pre-activations `[R, f]` as well when `hidden` (the backward's residuals).
+  pre-activations `[R, f]` as well when `hidden` (the backward's residuals). Rows outside the
+  used units come back unspecified (no gather reads them).
 
   Two loops: over experts (each slices its weights once), then over that expert's rows."""
   rows, d = xs.shape
@@ -88,14 +100,15 @@ def _blocks_forward(w, xs, lay: moe_blocked.BlockLayout, unit: int, hidden: bool
 
     return _over_rows(first[e], counts[e], unit, step, bufs)
 
-  bufs = (jnp.zeros((rows, d), xs.dtype),)
-  if hidden:
-    bufs += (jnp.zeros((rows, f), xs.dtype), jnp.zeros((rows, f), xs.dtype))
+  bufs = tuple(_scratch(xs, (rows, width), xs.dtype, salt)
+               for salt, width in enumerate((d, f, f) if hidden else (d,)))
   return jax.lax.fori_loop(0, num_experts, expert, bufs)
 
 
 def _blocks_backward(w, xs, g, u, dy, lay: moe_blocked.BlockLayout, unit: int):
-  """Cotangents (weights as float32 `[E, ., .]`, rows `[R, d]`) of `_blocks_forward`."""
+  """Cotangents (weights as float32 `[E, ., .]`, rows `[R, d]`) of `_blocks_forward`. The row
+  cotangents overwrite `dy` in place, block by block; rows outside the used units come back
+  unspecified."""
   f32 = jnp.float32
   num_experts = w["w_gate"].shape[0]
   first, counts = _expert_units(lay, num_experts)
@@ -106,7 +119,7 @@ def _blocks_backward(w, xs, g, u, dy, lay: moe_blocked.BlockLayout, unit: int):
 
     def step(size, r, carry):
       dxs, dwg, dwu, dwd = carry
-      xc, gc, uc, dyc = (jax.lax.dynamic_slice_in_dim(a, r, size) for a in (xs, g, u, dy))
+      xc, gc, uc, dyc = (jax.lax.dynamic_slice_in_dim(a, r, size) for a in (xs, g, u, dxs))
       dgc, duc = swiglu_grads(gc, uc, dyc @ wd.T)
 
       def mm(a, b):  # a^T b in float32
@@ -121,7 +134,8 @@ def _blocks_backward(w, xs, g, u, dy, lay: moe_blocked.BlockLayout, unit: int):
     return dxs, tuple(jax.lax.dynamic_update_index_in_dim(acc, v, e, 0)
                       for acc, v in zip(dws, dw))
 
-  init = (jnp.zeros_like(xs), tuple(jnp.zeros(w[name].shape, f32) for name in _NAMES))
+  # Every expert's slice of the weight cotangents is written: their initial values do not matter.
+  init = (dy, tuple(_scratch(dy, w[name].shape, f32, salt) for salt, name in enumerate(_NAMES)))
   dxs, dws = jax.lax.fori_loop(0, num_experts, expert, init)
   return dict(zip(_NAMES, dws)), dxs
 
