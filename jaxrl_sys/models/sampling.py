@@ -65,6 +65,15 @@ def filter_logits(logits, top_k: int, top_p: float):
   return logits
 
 
+def first_argmax(z):
+  """`jnp.argmax(z, axis=-1)` for `z [..., n]` float -> int32 `[...]` (the first maximum, or the
+  first NaN), as a max and then a min over the indices holding it: XLA:CPU runs argmax's
+  paired (value, index) reduction several times slower than these two."""
+  top = jnp.max(z, axis=-1, keepdims=True)
+  hit = (z == top) | jnp.isnan(z)
+  return jnp.min(jnp.where(hit, jnp.arange(z.shape[-1], dtype=jnp.int32), z.shape[-1]), axis=-1)
+
+
 def sample_tokens(logits, keys, positions, sampling: SamplingConfig):
   """Samples one token per row.
 
@@ -79,14 +88,17 @@ def sample_tokens(logits, keys, positions, sampling: SamplingConfig):
   """
   logits = logits.astype(jnp.float32)
   if sampling.temperature == 0.0:
-    tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    tok = first_argmax(logits)
     logp = jax.nn.log_softmax(logits, axis=-1)
   else:
     scaled = logits / sampling.temperature
     logp = jax.nn.log_softmax(scaled, axis=-1)
     filt = filter_logits(scaled, sampling.top_k, sampling.top_p)
     step_keys = jax.vmap(jax.random.fold_in)(keys, positions)
-    tok = jax.vmap(lambda k, l: jax.random.categorical(k, l))(step_keys, filt).astype(jnp.int32)
+    # `jax.random.categorical`'s draw (Gumbel noise, then the first maximum), the argmax
+    # written as two plain reductions.
+    noise = jax.vmap(lambda k: jax.random.gumbel(k, filt.shape[-1:], filt.dtype))(step_keys)
+    tok = first_argmax(filt + noise)
   return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
 
 

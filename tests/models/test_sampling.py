@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_sys import models
-from jaxrl_sys.models.sampling import filter_logits, sample_tokens
+from jaxrl_sys.models.sampling import SamplingConfig, filter_logits, first_argmax, sample_tokens
 
 CFG = models.ModelConfig(vocab_size=50, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                          head_dim=16, intermediate_size=64, max_seq_len=64)
@@ -112,3 +112,29 @@ def test_top_k_sampling_draws_only_the_top_k_in_proportion():
   full = np.exp([0.0, 2.0, 1.0, -1.0, 1.5])
   full = np.log(full / full.sum())
   np.testing.assert_allclose(np.asarray(lp), full[tok], rtol=1e-5)   # full-distribution logprob
+
+
+def test_draws_equal_jax_random_categorical_and_argmax_ties_nan():
+  """Tokens == `jax.random.categorical` on the same per-step keys (the draw is Gumbel noise plus
+  an argmax written as two reductions); `first_argmax` == `jnp.argmax` on ties, -inf rows, +inf
+  and NaN."""
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(16, 97)).astype(np.float32) * 3)
+  keys = jax.random.split(jax.random.PRNGKey(7), 16)
+  pos = jnp.arange(16, dtype=jnp.int32) * 3
+  sampling = SamplingConfig(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=4)
+  tok, logp = sample_tokens(logits, keys, pos, sampling)
+  scaled = logits / 0.7
+  filt = filter_logits(scaled, 20, 0.9)
+  step_keys = jax.vmap(jax.random.fold_in)(keys, pos)
+  ref = jax.vmap(jax.random.categorical)(step_keys, filt)
+  np.testing.assert_array_equal(np.asarray(tok), np.asarray(ref))
+  np.testing.assert_allclose(np.asarray(logp), np.asarray(
+      jax.nn.log_softmax(scaled)[jnp.arange(16), ref]), rtol=1e-6)
+  z = rng.normal(size=(6, 50)).astype(np.float32)
+  z[0, [4, 30]] = 9.0                      # tie: the first
+  z[1] = -np.inf                           # all filtered: index 0
+  z[2, [7, 40]] = np.nan                   # NaN: the first NaN
+  z[3, 11] = np.inf
+  z[4] = np.round(z[4])
+  np.testing.assert_array_equal(np.asarray(first_argmax(jnp.asarray(z))), np.argmax(z, axis=-1))
