@@ -277,15 +277,16 @@ class RLLoop:
           len(pending_micro) // m * m if lc.dynamic_micro_batching else 0)
       if n:
         t0 = self.clock.now()
-        batches = self._micro_batches(pending_micro[:n], scored)
+        plan = batch_lib.micro_batches(n, m, fns.min_groups(self.samples))
+        batches = self._micro_batches(pending_micro[:n], plan, scored)
         pending_micro = pending_micro[n:]
-        if acc is None and len(batches) == 1 and len(taken) == b:
+        if acc is None and len(plan) == 1 and len(taken) == b:
           # The whole step is one micro-batch: gradient and update in one program.
-          state, metrics = fns.fused_step(state, batches[0])
+          state, metrics = fns.fused_step(state, next(batches))
           metrics = jax.device_get(metrics)
           t_train += self.clock.now() - t0
           return state, metrics, taken, scored, t_roll, t_train
-        for mb in batches:
+        for mb in batches:  # each packed on the host while the previous one computes
           acc = fns.accumulate(state, fns.init_accum(state, mb) if acc is None else acc, mb)
         t_train += self.clock.now() - t0
     t0 = self.clock.now()
@@ -308,19 +309,18 @@ class RLLoop:
     newer = [g for g in ready if g.admitted_version > due]
     return overdue + newer[:max(room - len(overdue) - late, 0)]
 
-  def _micro_batches(self, groups: list[Group], scored: list) -> list:
-    """Scores `groups` and packs them into device micro-batches of at most m_b groups, sized
-    to the groups present (`batch.micro_batches`)."""
-    out, i = [], 0
-    for n, padded in batch_lib.micro_batches(len(groups), self.lc.micro_batch_groups,
-                                             self.fns.min_groups(self.samples)):
+  def _micro_batches(self, groups: list[Group], plan: list[tuple[int, int]], scored: list):
+    """Scores `groups` and packs them into device micro-batches following `plan`
+    (`batch.micro_batches`: at most m_b groups each, sized to the groups present), one at a
+    time as they are consumed."""
+    i = 0
+    for n, padded in plan:
       chunk, i = groups[i:i + n], i + n
       sc = score_groups(chunk, self.task, self.tok, self.tc.advantage, pad_to=padded)
       scored.append(sc)
-      out.append(self.fns.put_batch(batch_lib.pack(sc.samples, padded * self.samples,
-                                                   self.lc.seq_len, self.tok.pad_id,
-                                                   window=self.lc.max_new_tokens)))
-    return out
+      yield self.fns.put_batch(batch_lib.pack(sc.samples, padded * self.samples,
+                                              self.lc.seq_len, self.tok.pad_id,
+                                              window=self.lc.max_new_tokens))
 
   def _boundary(self, client, buffer: RolloutBuffer, version: int) -> None:
     """Files unread completions. Sync mode: the over-provisioned (APRIL) requests still in
