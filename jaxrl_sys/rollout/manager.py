@@ -145,7 +145,11 @@ class RolloutManager(ManagerCore):
   def _wait(self, seconds: float) -> None:
     outstanding = [ws.worker for ws in self.workers.values() if ws.outstanding]
     if not outstanding:
-      self.clock.sleep(seconds)
+      # A synchronous worker with an exchange due (a pull or requests this round's tick queued
+      # after the workers' turn) is served by the next round at once: waiting would only
+      # delay it (the trainer's in-process rollout paid poll_interval on every step).
+      if not any(ws.worker.synchronous and ws.should_exchange() for ws in self.workers.values()):
+        self.clock.sleep(seconds)
       return
     by_cls: dict[type, list] = collections.defaultdict(list)
     for w in outstanding:

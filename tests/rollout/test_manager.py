@@ -259,3 +259,21 @@ def test_migration_ablations_stay_correct_but_redo_decode_work(ablation):
   assert redone == m.stats.tokens_discarded  # every discarded token was generated again
   if ablation == "restart_from_prompt":
     assert m.stats.tokens_kept == 0
+
+
+class _SyncWorker(FakeWorker):
+  """Answers inside `receive()` (like `InProcessWorker`): no latency, nothing to wait for."""
+  synchronous = True
+
+
+def test_a_synchronous_worker_is_never_waited_for():
+  # Each new version queues a pull in the tick after the workers' turn; the next round must
+  # send it at once, not after poll_interval (virtual seconds on the manual clock).
+  clock = ManualClock()
+  m = manager([_SyncWorker("local", clock, num_slots=8, latency=0.0)], clock, poll_interval=5.0)
+  for version in (1, 2, 3):
+    m.publish_weights(PARAMS, version)
+    reqs = make_requests(6, seed=version, min_version=version, first_id=100 * version)
+    m.submit(reqs)
+    check_complete(drain(m), reqs)
+  assert clock.now() == 0.0
