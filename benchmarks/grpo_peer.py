@@ -101,8 +101,9 @@ def run_once(model_dir: str, steps: int) -> dict:
   h = loop.run().history[2:]
   med = lambda k: statistics.median(r[k] for r in h)  # noqa: E731
   rows = lc.prompts_per_step * samples
-  positions = rows * lc.seq_len
-  flops = train_flops_per_token(mc, lc.seq_len, reference=recipe.train.uses_reference,
+  positions = int(med("train_positions"))      # rows x the packed row length (batch.row_length)
+  seq = positions / rows
+  flops = train_flops_per_token(mc, seq, reference=recipe.train.uses_reference,
                                 scored_len=lc.max_new_tokens) * positions
   return {"step_s": med("time_step"), "rollout_s": med("time_rollout"),
           "train_s": med("time_train"), "response_len": med("response_len_mean"),

@@ -1,15 +1,20 @@
 """Packing completed responses into fixed-shape, right-padded training arrays.
 
-One row per sample: `prompt + response` right-padded to `seq_len` (`tokens`, the model input).
-Position t predicts `tokens[t + 1]`, so the response token j (of a prompt of length Lp) is
-scored at position `Lp - 1 + j`. Only a window of `W` positions per row is scored, starting at
-`score_start` (`Lp - 1` with a window, 0 without): `targets`, `loss_mask`, `behav_logprobs` and
-`versions` are `[rows, W]`, entry j belonging to position `score_start + j`. With `W` the
-response budget the trainer computes no logits at prompt positions (`step.token_logprobs`).
-Shapes are fixed by the config (rows = groups per micro-batch x samples per group, seq_len =
-prompt bucket + response budget). The groups of a micro-batch are bucketed (`micro_batches`): a
-step never pays for more than a quarter of padding groups, and compiles at most one program per
-power of two up to m_b.
+One row per sample: `prompt + response` right-padded to the row length (`tokens`, the model
+input). Position t predicts token t + 1, so the response token j (of a prompt of length Lp) is
+scored at position `Lp - 1 + j`, and the last response token, only a target, needs no input
+position: `Lp + Lr - 1` positions hold a whole sample. Only a window of `W` positions per row
+is scored, starting at `score_start` (`Lp - 1` with a window, 0 without): `targets`,
+`loss_mask`, `behav_logprobs` and `versions` are `[rows, W]`, entry j belonging to position
+`score_start + j`. With `W` the response budget the trainer computes no logits at prompt
+positions (`step.token_logprobs`).
+
+Shapes come in buckets so that few programs compile: rows = groups per micro-batch x samples
+per group, with the groups bucketed by `micro_batches` (a step never pays for more than a
+quarter of padding groups, and compiles at most one program per power of two up to m_b); the
+row length `T` is what the micro-batch's longest row needs (`row_length`), rounded up to a
+multiple of `row_granule(prompt bucket)`, at most prompt bucket + response budget: at most five
+lengths, and no step computes a padded column its rows do not have.
 """
 from __future__ import annotations
 
@@ -98,6 +103,28 @@ def micro_batches(num_groups: int, max_groups: int, min_groups: int = 1) -> list
   return out
 
 
+def row_granule(max_prompt_len: int) -> int:
+  """The step between packed row lengths: the smallest power of two at least a quarter of the
+  prompt bucket (8 -> 2, 16 -> 4, 512 -> 128). With a scoring window of the response budget W
+  every row length lies in `(W, max_prompt_len + W]`, so at most five lengths ever compile."""
+  if max_prompt_len < 1:
+    raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
+  return 1 << max(-(-max_prompt_len // 4) - 1, 0).bit_length()
+
+
+def row_length(samples: Sequence[Sample], seq_len: int, granule: int,
+               window: int | None = None) -> int:
+  """The row length `T` to pack `samples` with: the longest `prompt + response - 1` (the last
+  response token is only a target) and, with a scoring window `W`, the longest `prompt - 1 + W`
+  (the window must end by T), rounded up to a multiple of `granule` and capped at `seq_len` (a
+  sample that does not fit is `pack`'s error)."""
+  need = 1
+  for s in samples:
+    lp = len(s.prompt)
+    need = max(need, lp, lp + len(s.tokens) - 1, lp - 1 + (0 if window is None else int(window)))
+  return min(-(-need // granule) * granule, seq_len)
+
+
 def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0,
          window: int | None = None) -> TrainBatch:
   """Packs up to `rows` samples into one micro-batch (missing rows are padding).
@@ -128,11 +155,12 @@ def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0,
   start = np.zeros((rows,), np.int32)
   for i, s in enumerate(samples):
     lp, lr = len(s.prompt), len(s.tokens)
-    if lp + lr > t:
+    if max(lp, lp + lr - 1) > t:
       raise ValueError(f"sample of {lp} prompt + {lr} response tokens exceeds seq_len={t}")
     seq = np.concatenate([np.asarray(s.prompt, np.int32), np.asarray(s.tokens, np.int32)])
-    tokens[i, :lp + lr] = seq
-    attn[i, :lp + lr] = 1
+    n = min(lp + lr, t)  # the last response token is only a target: it needs no input position
+    tokens[i, :n] = seq[:n]
+    attn[i, :n] = 1
     if window is not None:
       if lr > w or lp - 1 + w > t:
         raise ValueError(f"a response of {lr} tokens after a {lp}-token prompt does not fit a "

@@ -319,8 +319,14 @@ class RLLoop:
       sc = score_groups(chunk, self.task, self.tok, self.tc.advantage, pad_to=padded)
       scored.append(sc)
       yield self.fns.put_batch(batch_lib.pack(sc.samples, padded * self.samples,
-                                              self.lc.seq_len, self.tok.pad_id,
+                                              self._row_length(sc.samples), self.tok.pad_id,
                                               window=self.lc.max_new_tokens))
+
+  def _row_length(self, samples) -> int:
+    """Packed row length of a micro-batch: what its rows need, in `batch.row_granule` steps."""
+    return batch_lib.row_length(samples, self.lc.seq_len,
+                                batch_lib.row_granule(self.lc.max_prompt_len),
+                                window=self.lc.max_new_tokens)
 
   def _boundary(self, client, buffer: RolloutBuffer, version: int) -> None:
     """Files unread completions. Sync mode: the over-provisioned (APRIL) requests still in
@@ -414,7 +420,7 @@ class RLLoop:
     stopped = np.concatenate([s.stopped.reshape(-1) for s in scored])
     versions = np.concatenate([c.request.versions for g in taken for c in g.completions()])
     gen_tokens = int(lengths.sum())
-    trained_positions = sum(len(s.samples) for s in scored) * self.lc.seq_len
+    trained_positions = sum(len(s.samples) * self._row_length(s.samples) for s in scored)
     row = {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist())
            for k, v in metrics.items()}
     ndev = self.mesh.devices.size
@@ -428,6 +434,7 @@ class RLLoop:
         time_rollout=t_roll, time_train=t_train, time_step=t_step,
         tokens_per_s=gen_tokens / max(t_step, 1e-9),
         rollout_tokens_per_s=gen_tokens / max(t_roll, 1e-9),
+        train_positions=trained_positions,
         train_tokens_per_s=trained_positions / max(t_train, 1e-9),
         mfu=self.flops_per_token * trained_positions / max(t_train, 1e-9) / (
             peak_flops() * ndev),

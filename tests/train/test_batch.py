@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from jaxrl_sys.rollout.types import Completion, FinishReason, Request, request_key
-from jaxrl_sys.train.batch import Sample, micro_batches, pack, split, stack
+from jaxrl_sys.train.batch import (Sample, micro_batches, pack, row_granule, row_length,
+                                   split, stack)
 from jaxrl_sys.train.buffer import RolloutBuffer
 from jaxrl_sys.train.groups import request_keys
 
@@ -30,7 +31,12 @@ def test_pack_aligns_targets_and_response_masks():
   assert stack([b, b]).tokens.shape == (2, 3, 8)
   assert split(pack([s] * 4, 4, 8), 2).tokens.shape == (2, 2, 8)
   with pytest.raises(ValueError, match="exceeds seq_len"):
-    pack([s], rows=1, seq_len=5)
+    pack([s], rows=1, seq_len=4)
+  # The last response token is only a target: 5 input positions hold the 3 + 3 tokens.
+  tight = pack([s], rows=1, seq_len=5)
+  np.testing.assert_array_equal(tight.tokens[0], b.tokens[0, :5])
+  for name in ("targets", "loss_mask", "behav_logprobs", "versions", "attention_mask"):
+    np.testing.assert_array_equal(getattr(tight, name)[0], getattr(b, name)[0, :5], name)
 
 
 def test_request_keys_match_request_key():
@@ -97,3 +103,26 @@ def test_pack_with_a_window_scores_only_the_response_positions():
     pack([s], rows=1, seq_len=8, window=2)           # the response is longer than the window
   with pytest.raises(ValueError, match="end by seq_len"):
     pack([short], rows=1, seq_len=6, window=4)       # 3 + 4 > 6
+
+
+def test_row_length_covers_the_rows_in_few_lengths():
+  assert [row_granule(p) for p in (1, 5, 6, 8, 9, 16, 512)] == [1, 2, 2, 2, 4, 4, 128]
+
+  def sample(lp, lr):
+    return Sample(np.ones(lp, np.int32), np.ones(lr, np.int32), np.zeros(lr, np.float32),
+                  np.zeros(lr, np.int32), advantage=0.0)
+
+  # The window must end by T: prompts of 6 and a 32-token window need 37 -> 38 of 40.
+  assert row_length([sample(6, 3), sample(4, 32)], 40, 2, window=32) == 38
+  assert row_length([sample(8, 32)], 40, 2, window=32) == 40
+  assert row_length([sample(3, 2), sample(2, 5)], 40, 4) == 8          # no window: lp + lr
+  rng = np.random.default_rng(0)
+  lengths = set()
+  for _ in range(300):   # any prompts up to the bucket of 16 and responses up to W = 24
+    batch = [sample(int(rng.integers(1, 17)), int(rng.integers(1, 25)))
+             for _ in range(int(rng.integers(1, 5)))]
+    t = row_length(batch, 40, row_granule(16), window=24)
+    lengths.add(t)
+    packed = pack(batch, len(batch), t, window=24)     # every sample fits its row length
+    assert packed.tokens.shape[1] == t and t % 4 == 0
+  assert len(lengths) <= 5, lengths

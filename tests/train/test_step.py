@@ -143,6 +143,28 @@ def test_windowed_scoring_equals_log_softmax_of_the_full_forward():
     np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5, atol=1e-9, err_msg=k)
 
 
+def test_rows_packed_to_their_own_length_equal_the_full_length_step():
+  """A micro-batch packed to the length its rows need (`batch.row_length`, here 8 of 12
+  columns: the last response token is only a target) gives the update and metrics of the same
+  samples packed to the full seq_len."""
+  mc, tc, opt, mesh, fns = _setup(kl_coef=0.04)
+  state = init_train_state(mc, tc, opt, mesh=mesh, seed=0)
+  samples = _samples(40, seed=4)
+  t = batch_lib.row_length(samples, SEQ, batch_lib.row_granule(8), window=4)
+  assert t == 8                   # prompts of 5 + responses of up to 4, less the last token
+
+  def run(seq):
+    mb = fns.put_batch(batch_lib.pack(samples, ROWS, seq, window=4))
+    return fns.fused_step(state, mb)
+
+  a, ma = run(SEQ)
+  b, mb = run(t)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=5e-6),
+               _host(a.params), _host(b.params))
+  for k in ("loss", "kl", "entropy", "grad_norm", "num_tokens", "denominator", "ess"):
+    np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5, atol=1e-7, err_msg=k)
+
+
 def test_fused_step_equals_the_pieces_and_keeps_the_parameters():
   """A one-micro-batch step as one program (donating, as the loop runs it) == init_accum +
   accumulate + apply; the parameters it read stay valid (the rollout engine shares them) and
