@@ -145,6 +145,9 @@ flags.DEFINE_string("compile_cache", ".jax_cache", "Persistent compilation cache
 flags.DEFINE_enum("rollout", _RC.rollout, ["local", "ray"],
                   "Where rollout runs: in-process on the trainer's devices, or Ray workers.")
 flags.DEFINE_integer("num_workers", _RC.num_workers, "Ray rollout workers (--rollout=ray).")
+flags.DEFINE_integer("local_workers", _RC.local_workers,
+                     "In-process engines splitting the local rollout's slots, side by side on "
+                     "threads (0 = auto: 2 on a CPU host when each keeps >= 32 slots, else 1).")
 flags.DEFINE_string("ray_address", None, "Ray cluster address (default: start a local Ray).")
 flags.DEFINE_string("weight_store", None,
                     "memory | ray | tensorstore:PATH_OR_URL (default: memory for local rollout, "

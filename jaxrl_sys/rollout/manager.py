@@ -128,7 +128,10 @@ class RolloutManager(ManagerCore):
       if not ws.outstanding and (ws.should_exchange() or not ws.worker.synchronous):
         ws.worker.send(ws.take_commands())
         ws.outstanding, ws.sent_at = True, self.clock.now()
-      if not ws.outstanding:
+    # Every exchange is sent before any is received: in-process workers on threads of their own
+    # (`ThreadWorker`) compute side by side, and their reports are still taken in worker order.
+    for ws in list(self.workers.values()):
+      if not ws.outstanding or self.workers.get(ws.worker.worker_id) is not ws:
         continue
       try:
         rep = ws.worker.receive()

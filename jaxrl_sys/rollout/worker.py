@@ -13,8 +13,10 @@ a `Commands.load` names a version in the weight store (`rollout.weights`) and th
 it itself.
 
 Worker side: `WorkerServer` applies commands to an `Engine` and builds reports. The in-process
-worker (`InProcessWorker`, the embedded default) runs it synchronously inside `receive()`; the
-Ray actor (`rollout.ray_worker`) runs the same class on a background thread.
+worker (`InProcessWorker`, the embedded default) runs it synchronously inside `receive()`;
+`rollout.thread_worker.ThreadWorker` runs it on a thread of its own (several engines of this
+process side by side); the Ray actor (`rollout.ray_worker`) runs the same class on a
+background thread of another process.
 """
 from __future__ import annotations
 
@@ -104,8 +106,10 @@ class Worker(Protocol):
     worker_id: unique name.
     local: True for a worker on the trainer's own devices (the offload controller's seeding
       engines), False for a remote (e.g. preemptible) one.
-    synchronous: True when an exchange runs inside `receive()` (an in-process engine): the
-      manager then exchanges only when there is work. Asynchronous workers always have one
+    synchronous: True when `receive()` returns the outstanding exchange's report, waiting for
+      it (in-process engines: `InProcessWorker` runs the exchange inside `receive()`,
+      `ThreadWorker` on a thread of its own): the manager then exchanges only when there is
+      work. Asynchronous workers always have one
       exchange outstanding, which doubles as their heartbeat.
   """
   worker_id: str

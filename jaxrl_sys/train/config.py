@@ -180,6 +180,9 @@ class LoopConfig:
     poll_timeout: seconds a poll may wait for completions.
     stall_timeout: seconds without any completion, while requests are pending, after which
       the run stops with an error describing the rollout state (e.g. every worker lost).
+    local_workers: engines of the embedded in-process rollout, splitting its decode slots and
+      generating side by side on threads of their own (`rollout.ThreadWorker`); 0 = auto: two
+      on a CPU host with at least two cores when each keeps 32 slots or more, else one.
   """
   steps: int = 20
   prompts_per_step: int = 8
@@ -196,6 +199,7 @@ class LoopConfig:
   log_every: int = 10
   poll_timeout: float = 60.0
   stall_timeout: float = 600.0
+  local_workers: int = 0
 
   def __post_init__(self):
     if self.mode not in MODES:
@@ -218,6 +222,8 @@ class LoopConfig:
       raise ValueError(f"oversample must be >= 1, got {self.oversample}")
     if not (self.poll_timeout > 0 and self.stall_timeout > 0):
       raise ValueError("poll_timeout and stall_timeout must be > 0")
+    if self.local_workers < 0:
+      raise ValueError(f"local_workers must be >= 0 (0 = auto), got {self.local_workers}")
 
   @property
   def staleness(self) -> int:

@@ -98,6 +98,7 @@ class RecipeConfig:
   export_hf: str | None = None
   progress: bool = True
   rollout: str = "local"
+  local_workers: int = 0
   num_workers: int = 2
   ray_address: str | None = None
   weight_store: str | None = None
@@ -254,7 +255,8 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
                     micro_batch_groups=rc.micro_batch_groups,
                     dynamic_micro_batching=rc.dynamic_micro_batching,
                     max_new_tokens=rc.max_new_tokens, max_prompt_len=rc.max_prompt_len,
-                    temperature=rc.temperature, oversample=rc.oversample, seed=rc.seed)
+                    temperature=rc.temperature, oversample=rc.oversample, seed=rc.seed,
+                    local_workers=rc.local_workers)
   check_lengths(model.config, loop)
   encode_prompt(model.tokenizer, task.problem(0).prompt, rc.max_prompt_len)  # fail early
   identity = {k: getattr(rc, k) for k in IDENTITY_KEYS}

@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import threading
+
+import jax
 
 from jaxrl_sys.models import ModelConfig, SamplingConfig
 from jaxrl_sys.rollout.clock import WALL, Clock
@@ -15,6 +18,7 @@ from jaxrl_sys.rollout.manager import RolloutManager
 from jaxrl_sys.rollout.manager_state import ManagerConfig
 from jaxrl_sys.rollout.offload import OffloadConfig
 from jaxrl_sys.rollout.schedules import ChaosSchedule, TracePlayer
+from jaxrl_sys.rollout.thread_worker import ThreadWorker
 from jaxrl_sys.rollout.traces import load_trace
 from jaxrl_sys.rollout.types import RolloutClient
 from jaxrl_sys.rollout.weights import make_weight_store
@@ -22,6 +26,8 @@ from jaxrl_sys.rollout.worker import InProcessWorker
 from jaxrl_sys.train.config import LoopConfig
 
 ROLLOUTS = ("local", "ray")
+# Auto mode splits the in-process rollout over two engines only when each keeps this many slots.
+MIN_SLOTS_PER_LOCAL_WORKER = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +35,7 @@ class RolloutSetup:
   """Where rollout runs.
 
   Attributes:
-    rollout: "local" (one in-process worker on the trainer's devices: the embedded default) or
+    rollout: "local" (in-process workers on the trainer's devices: the embedded default) or
       "ray" (Ray actor workers that may come and go).
     num_workers: Ray workers to run (the fleet's cap; with a trace, at most that many of the
       nodes the trace makes available).
@@ -179,14 +185,41 @@ def default_engine_config(loop: LoopConfig, samples_per_group: int, eos_id: int)
       recompute_kv_on_swap=True)
 
 
+def local_worker_count(loop: LoopConfig, num_slots: int) -> int:
+  """Engines of the embedded rollout: `loop.local_workers`, or (0 = auto) two on a CPU host
+  with at least two cores when each keeps at least `MIN_SLOTS_PER_LOCAL_WORKER` slots (one
+  engine's small decode ops leave a core idle a third of the time there; see
+  `rollout.thread_worker`), else one (an accelerator runs one engine's batch best)."""
+  if loop.local_workers:
+    return min(loop.local_workers, num_slots)
+  if (jax.default_backend() == "cpu" and (os.cpu_count() or 1) >= 2
+      and num_slots >= 2 * MIN_SLOTS_PER_LOCAL_WORKER):
+    return 2
+  return 1
+
+
 def default_client(model_config: ModelConfig, params, loop: LoopConfig, eos_id: int, version: int,
                    samples_per_group: int, engine_config=None, moe_state=None, *,
                    warmup: bool = False, clock: Clock = WALL) -> RolloutClient:
-  """The embedded default: a `RolloutManager` over one in-process worker on this process's
-  devices, with the in-memory (zero-copy) weight store, serving `params` as `version`."""
+  """The embedded default: a `RolloutManager` over the in-process workers on this process's
+  devices (`local_worker_count`: one `InProcessWorker`, or `ThreadWorker`s sharing the engine
+  config's slots), with the in-memory (zero-copy) weight store, serving `params` as `version`.
+  """
   ec = engine_config or default_engine_config(loop, samples_per_group, eos_id)
-  manager = RolloutManager([InProcessWorker("local-0", model_config, ec, warmup=warmup)],
-                           clock=clock)
+  n = local_worker_count(loop, ec.num_slots)
+  if n == 1:
+    manager = RolloutManager([InProcessWorker("local-0", model_config, ec, warmup=warmup)],
+                             clock=clock)
+  else:
+    # The slots split evenly; the rows/lengths buckets follow each engine's own slots.
+    part = dataclasses.replace(ec, num_slots=-(-ec.num_slots // n), decode_row_buckets=())
+    first_load = threading.Lock()
+    workers = [ThreadWorker(f"local-{i}", model_config, part, warmup=warmup, first_load=first_load)
+               for i in range(n)]
+    # Equal engines: no measured plateau (a timing) decides a move, so a run repeats exactly;
+    # an idle engine still takes half of the other's last running requests (tail balancing).
+    manager = RolloutManager(workers, config=ManagerConfig(plateau_batch=part.num_slots),
+                             clock=clock)
   manager.publish_weights(params, version, moe_state)
   return manager
 

@@ -1,6 +1,6 @@
-"""The `RolloutClient` contract, one suite run against three backends of the rollout manager:
-in-process engine workers, Ray actor workers (real processes) and scripted fake workers (latency,
-out-of-order completions, one death).
+"""The `RolloutClient` contract, one suite run against four backends of the rollout manager:
+in-process engine workers (in `receive()`, or on threads of their own), Ray actor workers (real
+processes) and scripted fake workers (latency, out-of-order completions, one death).
 
 References are independent of the manager: `models.generate` with the requests' keys for the
 engine-backed workers (`common.reference`), `fake_worker.expected` for the fake ones.
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxrl_sys.rollout import (FinishReason, InProcessWorker, ManagerConfig, ManualClock,
-                               MemoryWeightStore, RolloutClient, RolloutManager)
+                               MemoryWeightStore, RolloutClient, RolloutManager, ThreadWorker)
 from tests.conftest import RAY_COMPILE_CACHE
 from tests.rollout import common, fake_worker
 
@@ -36,8 +36,9 @@ class Backend:
       m = RolloutManager(ws, store=MemoryWeightStore(), clock=clock)
       m.publish_weights({"w": np.zeros(1)}, next(_VERSIONS))
       return m
-    if self.kind == "inprocess":
-      ws = [InProcessWorker(f"p{i}", common.CFG, common.engine_config()) for i in range(2)]
+    if self.kind in ("inprocess", "thread"):
+      cls = InProcessWorker if self.kind == "inprocess" else ThreadWorker
+      ws = [cls(f"p{i}", common.CFG, common.engine_config()) for i in range(2)]
       m = RolloutManager(ws, config=ManagerConfig(theta=1))
     else:
       from jaxrl_sys.rollout.ray_weights import RayWeightStore  # pylint: disable=import-outside-toplevel
@@ -76,7 +77,7 @@ def ray_workers(request):
   del ray
 
 
-@pytest.fixture(params=["inprocess", "fake", "ray"])
+@pytest.fixture(params=["inprocess", "thread", "fake", "ray"])
 def backend(request):
   if request.param == "ray":
     return Backend("ray", request.getfixturevalue("ray_workers"))
