@@ -18,8 +18,9 @@ Owns every side effect: the rollout client, signals, checkpoints, logs. One iter
    checkpoint holds the rollout client's `snapshot()` of in-flight token state, so a resumed run
    resubmits exactly what was in flight.
 
-The rollout client is any `RolloutClient`; by default a `rollout.RolloutManager` over one
-in-process worker (`rollout.InProcessWorker`), or over Ray workers (see `train.rollout_setup`).
+The rollout client is any `RolloutClient`; by default a `rollout.RolloutManager` over the
+in-process workers (`rollout.InProcessWorker`, or two `rollout.ThreadWorker`s side by side on a
+CPU host: `LoopConfig.local_workers`), or over Ray workers (see `train.rollout_setup`).
 Time comes from an injected clock; the loop raises when no completion arrives for
 `LoopConfig.stall_timeout` seconds while requests are pending.
 SIGTERM sets a flag: the current step finishes, a checkpoint is forced, and `run` returns
