@@ -41,6 +41,17 @@ def _host(tree):
   return jax.tree.map(np.asarray, tree)
 
 
+_METRICS = ("loss", "kl", "entropy", "grad_norm", "num_tokens", "denominator", "ess")
+
+
+def _assert_same_update(a, ma, b, mb, metric_atol=1e-9):
+  """Two steps' new parameters and metrics agree (float reassociation tolerance)."""
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=5e-6),
+               _host(a.params), _host(b.params))
+  for k in _METRICS:
+    np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5, atol=metric_atol, err_msg=k)
+
+
 def test_micro_batch_split_is_globally_normalised():
   """One micro-batch of 40 samples == two of 20 == the scan step over both (same update)."""
   mc, tc, opt, mesh, fns = _setup()
@@ -100,12 +111,7 @@ def test_micro_batches_sized_to_the_groups_equal_the_padded_step():
 
   for sized, padded in (([(samples, 40)], [(samples, 64)]),
                         ([(samples[:32], 32), (samples[32:], 8)], [(samples, 64)])):
-    a, ma = run(sized)
-    b, mb = run(padded)
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=5e-6),
-                 _host(a.params), _host(b.params))
-    for k in ("loss", "kl", "entropy", "grad_norm", "num_tokens", "denominator", "ess"):
-      np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5, atol=1e-9, err_msg=k)  # kl ~ 0 here
+    _assert_same_update(*run(sized), *run(padded))  # kl ~ 0 here
 
 
 def test_windowed_scoring_equals_log_softmax_of_the_full_forward():
@@ -135,12 +141,7 @@ def test_windowed_scoring_equals_log_softmax_of_the_full_forward():
     mb = fns.put_batch(b)
     return fns.apply(state, fns.accumulate(state, fns.init_accum(state, mb), mb))
 
-  a, ma = run(full)
-  b, mb = run(win)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=5e-6),
-               _host(a.params), _host(b.params))
-  for k in ("loss", "kl", "entropy", "grad_norm", "num_tokens", "denominator", "ess"):
-    np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5, atol=1e-9, err_msg=k)
+  _assert_same_update(*run(full), *run(win))
 
 
 def test_rows_packed_to_their_own_length_equal_the_full_length_step():
@@ -157,12 +158,7 @@ def test_rows_packed_to_their_own_length_equal_the_full_length_step():
     mb = fns.put_batch(batch_lib.pack(samples, ROWS, seq, window=4))
     return fns.fused_step(state, mb)
 
-  a, ma = run(SEQ)
-  b, mb = run(t)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=5e-6),
-               _host(a.params), _host(b.params))
-  for k in ("loss", "kl", "entropy", "grad_norm", "num_tokens", "denominator", "ess"):
-    np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5, atol=1e-7, err_msg=k)
+  _assert_same_update(*run(SEQ), *run(t), metric_atol=1e-7)
 
 
 def test_fused_step_equals_the_pieces_and_keeps_the_parameters():
