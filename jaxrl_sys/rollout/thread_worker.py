@@ -14,6 +14,7 @@ over two of them on CPU hosts when each keeps at least 32 slots.
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import weakref
@@ -22,7 +23,6 @@ from typing import Sequence
 from jaxrl_sys.models.config import ModelConfig
 from jaxrl_sys.rollout.clock import Clock
 from jaxrl_sys.rollout.config import EngineConfig
-from jaxrl_sys.rollout.engine import Engine
 from jaxrl_sys.rollout.worker import Commands, WorkerLost, WorkerReport, WorkerServer
 
 
@@ -34,14 +34,10 @@ def _serve(server: WorkerServer, inbox: queue.SimpleQueue, outbox: queue.SimpleQ
     commands = inbox.get()
     if commands is None:
       return
+    first = server.engine is None and commands.load is not None
     try:
-      if server.engine is None and commands.load is not None:
-        with first_load:
-          server.apply(commands)
-      else:
-        server.apply(commands)
-      server.step()
-      out: WorkerReport | BaseException = server.report()
+      with first_load if first else contextlib.nullcontext():
+        out: WorkerReport | BaseException = server.exchange(commands)
     except BaseException as e:  # pylint: disable=broad-except  # raised by receive()
       out = e
     outbox.put(out)
@@ -54,9 +50,10 @@ class ThreadWorker:
 
   Args:
     worker_id, model_config, engine_config, local, warmup, token_delay: as `InProcessWorker`.
-    first_load: a lock shared by the workers of one process: the first weight load (building
-      the engine and, with `warmup`, compiling every shape) runs under it, so that the second
-      worker finds the programs the first one compiled instead of compiling them again.
+    first_load: a lock shared by the workers of one process: the exchange carrying the first
+      weight load (building the engine and, with `warmup`, compiling every shape) runs under
+      it, so that the second worker finds the programs the first one compiled instead of
+      compiling them again.
   """
 
   synchronous = True
@@ -102,17 +99,6 @@ class ThreadWorker:
     if not self._dead:
       self._dead = True
       self._inbox.put(None)
-
-  @property
-  def engine(self) -> Engine | None:
-    return self.server.engine
-
-  def warmup(self) -> None:
-    """Compiles every engine shape now (needs weights loaded, no exchange outstanding)."""
-    if self.server.engine is None or self._outstanding:
-      raise RuntimeError(f"worker {self.worker_id}: warmup needs weights loaded and no exchange "
-                         "outstanding")
-    self.server.engine.warmup()
 
   @classmethod
   def wait_any(cls, workers: Sequence["ThreadWorker"], timeout: float, clock: Clock) -> None:  # pylint: disable=unused-argument

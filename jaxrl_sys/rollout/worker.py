@@ -193,6 +193,12 @@ class WorkerServer:
     if commands.shutdown:
       self.stopped = True
 
+  def exchange(self, commands: Commands) -> WorkerReport:
+    """One exchange in this thread: apply `commands`, run one engine step, report."""
+    self.apply(commands)
+    self.step()
+    return self.report()
+
   def abort(self, request_ids: Sequence[int]) -> None:
     if self.engine is not None:
       self.engine.abort(request_ids)
@@ -304,9 +310,7 @@ class InProcessWorker:
     if self._pending is None:
       return None
     commands, self._pending = self._pending, None
-    self.server.apply(commands)
-    self.server.step()
-    return self.server.report()
+    return self.server.exchange(commands)
 
   def kill(self) -> None:
     self._dead = True
