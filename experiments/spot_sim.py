@@ -12,6 +12,7 @@ segment) and one over all settings; writes `results.json` (byte-identical for a 
   python -m experiments.spot_sim                          # everything (minutes, 2 processes)
   python -m experiments.spot_sim --preset=qwen3-14b --settings=rlboost,restart --segments=0
   python -m experiments.spot_sim --preset=measured:benchmarks/results   # calibrated figures
+  python -m experiments.spot_sim --paper      # every RLBoost figure beside ours (paper.json)
 """
 from __future__ import annotations
 
@@ -22,21 +23,25 @@ import time
 
 from absl import app, flags
 
-from jaxrl_sys.rollout.traces import load_trace
-from jaxrl_sys.sim import calibrate, experiment, report
+from jaxrl_sys.rollout.trace_formats import FORMATS, load_trace
+from jaxrl_sys.sim import calibrate, experiment, paper, report
 from jaxrl_sys.sim.driver import SimConfig, Workload
-from jaxrl_sys.sim.lengths import LengthDistribution
+from jaxrl_sys.sim.fit import FITTED, ROOFLINE
 from jaxrl_sys.sim.presets import PRESETS, get_preset
 from jaxrl_sys.sim.settings import get_settings
 from jaxrl_sys.sim.startup import COLD_VM, WARM_RESTART
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_P3 = os.path.join(_REPO, "..", "shared", "traces", "bamboo", "p3-trace.csv")
+_TRACES = os.environ.get("JAXRL_TRACES_DIR", os.path.join(_REPO, "..", "shared", "traces"))
+_P3 = os.path.join(_TRACES, "bamboo", "p3-trace.csv")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "all", "Comma list of presets (qwen3-8b, qwen3-14b, qwen3-32b), "
                     "'all', or 'measured:DIR' (calibrated from our benchmarks' JSON in DIR).")
-flags.DEFINE_string("trace", _P3, "Spot trace (Bamboo CSV or Parcae JSON lines).")
+flags.DEFINE_string("trace", _P3, "Spot trace file (formats: --trace_format).")
+flags.DEFINE_enum("trace_format", "auto", ["auto", *FORMATS], "Trace file format; auto tells "
+                  "them apart (jaxrl_sys.rollout.trace_formats).")
+flags.DEFINE_float("trace_time_scale", 1.0, "Multiplies every trace time (0.5: twice as fast).")
 flags.DEFINE_float("segment_hours", 2.0, "Length of each trace segment (hours).")
 flags.DEFINE_float("sample", 0.5, "Fraction of the trace's instances kept (RLBoost: 0.5).")
 flags.DEFINE_integer("seed", 0, "Seed of the instance sample, response lengths and start-ups.")
@@ -46,15 +51,29 @@ flags.DEFINE_string("segments", "", "Comma list of segment indices to run (defau
 flags.DEFINE_string("out_dir", "/tmp/spot_sim", "Where results.json, timing.json, PNGs go.")
 flags.DEFINE_enum("startup", "cold", ["cold", "warm"], "Spot start-up: a new VM (120 s) or an "
                   "engine restart on a held machine (30 s, as in RLBoost's trace replay).")
-flags.DEFINE_float("length_median", 4000.0, "Median response length (tokens).")
-flags.DEFINE_float("length_sigma", 0.9, "Sigma of log response length.")
-flags.DEFINE_float("group_share", 0.5, "Share of the log-length variance common to a group.")
+flags.DEFINE_enum("model", "fitted", ["fitted", "roofline"], "Instance model: fitted to "
+                  "RLBoost's static-pool and length-sweep points (jaxrl_sys.sim.fit), or the "
+                  "roofline figures before the fit.")
+flags.DEFINE_float("length_median", None, "Median response length (tokens); default: --model's.")
+flags.DEFINE_float("length_sigma", None, "Sigma of log response length; default: --model's.")
+flags.DEFINE_float("group_share", None, "Share of the log-length variance common to a group; "
+                   "default: --model's.")
+flags.DEFINE_bool("paper", False, "Run RLBoost's calibration points and its Bamboo table "
+                  "(held out) and print every paper figure beside ours; writes paper.json.")
 flags.DEFINE_integer("max_steps", 0, "Stop each run after this many steps (0: the segment).")
 flags.DEFINE_integer("jobs", 2, "Worker processes.")
 flags.DEFINE_bool("plots", True, "Write PNG plots.")
 
 
-def _presets(spec: str):
+def _fit():
+  """The instance model with any length flag given on the command line."""
+  fit = FITTED if FLAGS.model == "fitted" else ROOFLINE
+  kw = {k: v for k, v in (("median", FLAGS.length_median), ("sigma", FLAGS.length_sigma),
+                          ("group_share", FLAGS.group_share)) if v is not None}
+  return dataclasses.replace(fit, **kw)
+
+
+def _presets(spec: str, fit):
   if spec.startswith("measured:"):
     d = spec.split(":", 1)[1]
 
@@ -68,27 +87,66 @@ def _presets(spec: str):
     return [calibrate.calibrate_from_benchmarks(load("generate"), load("grpo_step"),
                                                 load("rollout_engine", False))]
   names = list(PRESETS) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
-  return [get_preset(n) for n in names]
+  return [fit.apply(get_preset(n)) for n in names]
+
+
+def _trace():
+  trace = load_trace(FLAGS.trace, FLAGS.trace_format)
+  if FLAGS.trace_time_scale != 1.0:
+    trace = trace.scale_time(FLAGS.trace_time_scale)
+  return trace
+
+
+def _segments(trace):
+  try:
+    hours, segs = experiment.plan_segments(trace, FLAGS.segment_hours, FLAGS.segments)
+  except ValueError as err:
+    raise app.UsageError(f"--trace={FLAGS.trace}: {err}") from None
+  if hours != FLAGS.segment_hours:
+    print(f"note: the trace spans {hours:.3g} h, less than --segment_hours="
+          f"{FLAGS.segment_hours:g}: it runs as one {hours:.3g}-hour segment")
+  return hours, segs
+
+
+def _paper(trace, fit):
+  """--paper: the calibration points and the held-out Bamboo table beside RLBoost's."""
+  cal = paper.calibration_points(fit, jobs=FLAGS.jobs)
+  val = paper.validation_points(trace, fit, FLAGS.segment_hours, FLAGS.sample, FLAGS.seed,
+                                FLAGS.jobs)
+  print(f"== calibration (fitted; Qwen3-14B static pool, steady state) ==\n"
+        f"{paper.paper_table(cal, paper.CALIBRATION)}")
+  print(f"\n== validation (held out; {trace.name}, {FLAGS.sample:g} of the instances, "
+        f"{FLAGS.segment_hours:g} h segments, mean) ==\n"
+        f"{paper.paper_table(val, paper.VALIDATION)}")
+  for label, segs in val["segments"].items():
+    print(f"  {label} per segment (x, ce, instances used): " + ", ".join(
+        f"{k} {x:.2f}/{c:.2f}/{n:.1f}" for k, (x, c, n) in segs.items()))
+  out = {"fit": dataclasses.asdict(fit), "calibration": {"paper": paper.CALIBRATION, "ours": cal},
+         "validation": {"paper": paper.VALIDATION, "ours": val}, "trace": trace.name}
+  with open(os.path.join(FLAGS.out_dir, "paper.json"), "w") as f:
+    json.dump(out, f, sort_keys=True, indent=1)
 
 
 def main(argv):
   del argv
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   t_start = time.perf_counter()
-  trace = load_trace(FLAGS.trace).sample(FLAGS.sample, FLAGS.seed)
-  segs = experiment.segments(trace, FLAGS.segment_hours)
-  if FLAGS.segments:
-    segs = [segs[int(i)] for i in FLAGS.segments.split(",")]
+  fit = _fit()
+  trace = _trace()
+  if FLAGS.paper:
+    _paper(trace, fit)
+    return
+  trace = trace.sample(FLAGS.sample, FLAGS.seed)
+  hours, segs = _segments(trace)
   seg_names = [name for name, _ in segs]
   avail = {name: tr.mean_live() for name, tr in segs}
   settings = get_settings(FLAGS.settings)
-  lengths = LengthDistribution(FLAGS.length_median, FLAGS.length_sigma,
-                               group_share=FLAGS.group_share)
+  lengths = fit.lengths()
   bases = {}
-  for p in _presets(FLAGS.preset):
+  for p in _presets(FLAGS.preset, fit):
     bases[p.name] = SimConfig(
         p, workload=Workload(lengths=lengths), startup=COLD_VM if FLAGS.startup == "cold"
-        else WARM_RESTART, horizon=FLAGS.segment_hours * 3600.0, seed=FLAGS.seed,
+        else WARM_RESTART, horizon=hours * 3600.0, seed=FLAGS.seed,
         max_steps=FLAGS.max_steps or None)
   disagg, probes = {}, {}
   if any(s.mode == "disagg" for s in settings):
@@ -97,11 +155,12 @@ def main(argv):
   summary = report.summarize(rows, seg_names)
   for name in bases if any(s.name == "rlboost" for s in settings) else ():
     print(f"\n== {name}: RLBoost vs co-located veRL, trace {trace.name}, "
-          f"{FLAGS.segment_hours:g} h segments ==")
+          f"{hours:.3g} h segments ==")
     print(report.segment_table(summary, name, seg_names, avail))
   print("\n== all settings (mean over segments; ratios vs co-located veRL) ==")
   print(report.settings_table(summary))
-  meta = {"trace": trace.name, "segment_hours": FLAGS.segment_hours, "sample": FLAGS.sample,
+  meta = {"trace": trace.name, "segment_hours": hours, "model": FLAGS.model,
+          "sample": FLAGS.sample,
           "seed": FLAGS.seed, "startup": FLAGS.startup, "lengths": dataclasses.asdict(lengths),
           "segments": {n: {"mean_available": avail[n]} for n in seg_names},
           "disagg_instances": disagg, "disagg_probe_throughput": probes,

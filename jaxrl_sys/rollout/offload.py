@@ -13,7 +13,10 @@ of RLBoost) moves the window and caps the useful remote workers:
 The window grows when the trainer starved (it waited for responses) and shrinks when remote
 workers waited for the trainer. N_prem is the number of remote workers for which rollout alone
 fits in the training time; the fleet does not run more (RLBoost's release returns the current
-count instead; we compute it). Everything here is pure: `offload_update(state, timings, config)`
+count instead; we compute it). As Algorithm 1 writes it, the cap starts at N_resv: before the
+first step is measured the fleet runs at most N_resv remote workers (`cap_starts_at_resv`;
+off, the cap starts unbounded and every available worker starts before step 0, this library's
+earlier behaviour). Everything here is pure: `offload_update(state, timings, config)`
 returns the next state, which is plain data saved in the trainer's checkpoint.
 """
 from __future__ import annotations
@@ -34,6 +37,8 @@ class OffloadConfig:
     n_resv: N_resv, rollout engines on the trainer's devices while seeding.
     memory: reuse the best window seen per remote-worker count (the memory table M).
     cap_workers: compute N_prem and cap the fleet with it.
+    cap_starts_at_resv: the cap before the first update is N_resv (Algorithm 1); False = no
+      cap until the first step is measured (every available worker starts at once).
     fixed: a fixed window instead of the controller (0 = offload everything at once,
       math.inf = co-located only, no seeding hand-off); None = adaptive.
   """
@@ -43,6 +48,7 @@ class OffloadConfig:
   n_resv: int = 1
   memory: bool = True
   cap_workers: bool = True
+  cap_starts_at_resv: bool = True
   fixed: float | None = None
 
   def __post_init__(self):
@@ -103,7 +109,11 @@ class OffloadState:
 
 
 def offload_init(config: OffloadConfig) -> OffloadState:
-  return OffloadState(config.fixed if config.fixed is not None else config.t_init)
+  """The state before the first step: the first window, and the cap N_prem = N_resv when the
+  controller caps the fleet and `cap_starts_at_resv` (Algorithm 1), else no cap."""
+  t_seed = config.fixed if config.fixed is not None else config.t_init
+  capped = config.cap_workers and config.cap_starts_at_resv and config.fixed is None
+  return OffloadState(t_seed, float(config.n_resv) if capped else math.inf)
 
 
 def offload_update(state: OffloadState, t: StepTimings, config: OffloadConfig) -> OffloadState:
@@ -112,7 +122,7 @@ def offload_update(state: OffloadState, t: StepTimings, config: OffloadConfig) -
     return dataclasses.replace(state, t_seed=config.fixed, steps=state.steps + 1)
   t_seed = state.t_seed + config.rate * (t.t_wait_train - t.t_wait_remote)
   t_seed = min(max(t_seed, config.t_min, 0.0), max(t.t_step, config.t_min))
-  cap = state.n_prem_cap
+  cap = state.n_prem_cap if config.cap_workers else math.inf
   if config.cap_workers and t.t_train > 0:
     cap = (t.t_remote * t.n_prem + t_seed * config.n_resv) / t.t_train
   memory = dict(state.memory)
@@ -150,13 +160,18 @@ class OffloadDriver:
     local = [w for w, ws in manager.workers.items() if ws.worker.local]
     return local, [w for w in manager.workers if w not in local]
 
+  def apply_cap(self, manager) -> None:
+    """Sets the fleet cap (`manager.worker_cap`) to the controller's N_prem (when capping);
+    call it before the fleet first starts workers so that none beyond the cap start."""
+    if self.config.cap_workers:
+      manager.worker_cap = self.state.worker_cap()
+
   def begin_step(self, manager) -> None:
     local, remote = self._split(manager)
     for w in local:
       manager.set_accepting(w, True)
     self.seeding, self.handed_off = bool(local and remote), False
-    if self.config.cap_workers:
-      manager.worker_cap = self.state.worker_cap()
+    self.apply_cap(manager)
     self._t0 = manager.clock.now()
     self._start = dict(times=manager.worker_times(), remote_s=manager.remote_worker_seconds(),
                        counts=(manager.stats.joined, manager.stats.lost),

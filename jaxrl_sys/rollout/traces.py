@@ -24,9 +24,7 @@ Replaying a trace against a clock, and random kills: `rollout.schedules`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 from collections.abc import Iterable
 
 import numpy as np
@@ -58,7 +56,7 @@ class TraceCounts:
   timestamps: int
 
 
-def _check(events: Iterable[TraceEvent], where=lambda i: f"event {i}") -> None:
+def check_events(events: Iterable[TraceEvent], where=lambda i: f"event {i}") -> None:
   """Raises ValueError (naming `where(i)`) on a time going back, an add of a live node or a
   remove of a node that is not live."""
   live, last = set(), 0.0
@@ -93,7 +91,7 @@ class Trace:
 
   def __post_init__(self):
     events = tuple(sorted(self.events, key=lambda e: e.t))
-    _check(events, lambda i: f"trace {self.name or '<unnamed>'}: event {i}")
+    check_events(events, lambda i: f"trace {self.name or '<unnamed>'}: event {i}")
     if events and self.end < events[-1].t:
       raise ValueError(f"trace end {self.end} s is before its last event ({events[-1].t} s)")
     times, live, n = [], [], 0
@@ -244,74 +242,13 @@ def constant_trace(n: int, duration: float, name: str | None = None) -> Trace:
                name or f"constant{n}")
 
 
-def _finish(rows: list[tuple[int, TraceEvent]], end: float, source: str) -> Trace:
-  _check([e for _, e in rows], lambda i: f"{source}:{rows[i][0]}")
-  return Trace(tuple(e for _, e in rows), end, os.path.splitext(os.path.basename(source))[0])
+# The file formats live in `rollout.trace_formats`; these names stay importable from here.
+_FORMAT_NAMES = ("FORMATS", "load_bamboo", "load_parcae", "load_trace", "parse_bamboo",
+                 "parse_parcae", "parse_trace", "parse_counts", "parse_spotserve")
 
 
-def parse_bamboo(text: str, source: str = "<string>") -> Trace:
-  """Bamboo CSV text (`<ms>,<add|remove>,<node>` per line) -> Trace; see `load_bamboo`."""
-  rows = []
-  for no, line in enumerate(text.splitlines(), 1):
-    line = line.strip()
-    if not line:
-      continue
-    parts = [p.strip() for p in line.split(",")]
-    if len(parts) != 3:
-      raise ValueError(f"{source}:{no}: expected '<ms>,<add|remove>,<node>', got {line!r}")
-    try:
-      ms = int(parts[0])
-    except ValueError:
-      raise ValueError(f"{source}:{no}: time {parts[0]!r} is not an integer (ms)") from None
-    if ms < 0:
-      raise ValueError(f"{source}:{no}: negative time {ms} ms")
-    if parts[1] not in (ADD, REMOVE):
-      raise ValueError(f"{source}:{no}: unknown action {parts[1]!r} (add or remove)")
-    rows.append((no, TraceEvent(ms / 1000.0, parts[1], parts[2])))
-  return _finish(rows, rows[-1][1].t if rows else 0.0, source)
-
-
-def parse_parcae(text: str, source: str = "<string>") -> Trace:
-  """Parcae JSON-lines text (`[ms, action, {"nodes": [...], "duration": ms}]`) -> Trace."""
-  rows, end, last = [], 0.0, 0.0
-  for no, line in enumerate(text.splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      ms, action, info = json.loads(line)
-      nodes, duration = info.get("nodes", []), float(info.get("duration", 0))
-      ms = float(ms)
-    except (ValueError, TypeError, AttributeError) as err:
-      raise ValueError(f"{source}:{no}: expected [ms, action, {{'nodes': [...]}}]: {err}") from None
-    if action not in (ADD, REMOVE, "no-op"):
-      raise ValueError(f"{source}:{no}: unknown action {action!r} (add, remove or no-op)")
-    if ms < 0:
-      raise ValueError(f"{source}:{no}: negative time {ms} ms")
-    if action == "no-op" and nodes:
-      raise ValueError(f"{source}:{no}: no-op line lists nodes {nodes}")
-    if ms < last:
-      raise ValueError(f"{source}:{no}: time goes backwards ({ms:g} ms after {last:g} ms)")
-    last = ms
-    rows += [(no, TraceEvent(ms / 1000.0, action, str(n))) for n in nodes]
-    end = max(end, (ms + duration) / 1000.0)
-  return _finish(rows, end, source)
-
-
-def load_bamboo(path: str) -> Trace:
-  """A Bamboo event log (e.g. `shared/traces/bamboo/p3-trace.csv`); `end` = last event."""
-  with open(path, newline="") as f:
-    return parse_bamboo(f.read(), path)
-
-
-def load_parcae(path: str) -> Trace:
-  """A Parcae segment (e.g. `shared/traces/parcae/trace_hh_55_65.txt`); `end` = last line's
-  time + duration."""
-  with open(path) as f:
-    return parse_parcae(f.read(), path)
-
-
-def load_trace(path: str) -> Trace:
-  """Either format, told apart by the first non-blank character ('[' = Parcae JSON lines)."""
-  with open(path, newline="") as f:
-    text = f.read()
-  return (parse_parcae if text.lstrip()[:1] == "[" else parse_bamboo)(text, path)
+def __getattr__(name: str):
+  if name in _FORMAT_NAMES:
+    from jaxrl_sys.rollout import trace_formats  # pylint: disable=import-outside-toplevel
+    return getattr(trace_formats, name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -325,7 +325,8 @@ class Simulation:
   def run(self) -> SimResult:
     c = self.cfg
     self.manager.publish_weights(None, 0)
-    self.manager.round()  # the fleet starts the instances live at the start before step 0
+    self.driver.apply_cap(self.manager)  # Algorithm 1: at most N_resv before step 0
+    self.manager.round()  # the fleet starts the instances live at the start, within the cap
     try:
       while c.max_steps is None or len(self.steps) < c.max_steps:
         self._check_horizon()

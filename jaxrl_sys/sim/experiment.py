@@ -32,6 +32,32 @@ def segments(trace: Trace, hours: float) -> list[tuple[str, Trace]]:
   return out
 
 
+def plan_segments(trace: Trace, hours: float,
+                  indices: str = "") -> tuple[float, list[tuple[str, Trace]]]:
+  """`(hours, segments)` to run: the whole `hours`-long segments of `trace`, or, when the trace
+  is shorter than one, the whole trace as a single segment of its own length (`hours` then
+  says how long); `indices` ("0,2", "" = all) picks some. Raises ValueError naming the
+  problem (a trace of no duration, an index that is not a segment)."""
+  if not hours > 0:
+    raise ValueError(f"segment length must be > 0 hours, got {hours}")
+  if not trace.end > 0:
+    raise ValueError(f"trace {trace.name!r} spans 0 s: nothing to replay")
+  if trace.end < hours * 3600.0 - 1e-9:
+    hours = trace.end / 3600.0
+  segs = segments(trace, hours)
+  if indices.strip():
+    try:
+      idx = [int(i) for i in indices.split(",")]
+    except ValueError:
+      raise ValueError(f"segments {indices!r}: expected a comma list of integers") from None
+    bad = [i for i in idx if not 0 <= i < len(segs)]
+    if bad:
+      raise ValueError(f"no segment {bad}: the trace has {len(segs)} segment(s) of {hours:.3g} h "
+                       f"(0..{len(segs) - 1}: {', '.join(n for n, _ in segs)})")
+    segs = [segs[i] for i in idx]
+  return hours, segs
+
+
 def _throughput(cfg: SimConfig) -> float:
   return simulate(cfg).throughput
 
@@ -47,14 +73,15 @@ def size_disagg(bases: dict[str, SimConfig], candidates: Sequence[int] = DISAGG_
   cfgs = [dataclasses.replace(config_for(SETTINGS["disagg"], bases[name], n), max_steps=steps,
                               horizon=1e9) for name, n in keys]
   thr: dict[str, dict[int, float]] = {name: {} for name in bases}
-  for (name, n), t in zip(keys, _map(_throughput, cfgs, jobs)):
+  for (name, n), t in zip(keys, parallel_map(_throughput, cfgs, jobs)):
     thr[name][n] = t
   best = {name: min(n for n, t in v.items() if t >= within * max(v.values()))
           for name, v in thr.items()}
   return best, thr
 
 
-def _map(fn, items: list, jobs: int) -> list:
+def parallel_map(fn, items: list, jobs: int) -> list:
+  """`[fn(x) for x in items]`, over `jobs` forked processes when jobs > 1 (order kept)."""
   if jobs <= 1:
     return [fn(x) for x in items]
   ctx = multiprocessing.get_context("fork")
@@ -96,4 +123,4 @@ def run_grid(bases: dict[str, SimConfig], settings: Sequence[Setting],
       else:
         n = (disagg or {}).get(name, 0)
         work.append(Job(name, s, None, config_for(s, base, n), None))
-  return _map(functools.partial(_run, timer=timer), work, jobs)
+  return parallel_map(functools.partial(_run, timer=timer), work, jobs)

@@ -367,6 +367,7 @@ class RLLoop:
       self.driver = OffloadDriver(self.offload,
                                   None if saved is None else OffloadState.from_json(saved))
       client.add_tick_hook(self.driver)
+      self.driver.apply_cap(client)  # no worker beyond N_prem starts (Algorithm 1: N_resv)
     self._last_progress = self.clock.now()
     counters = client_counters(client)
     self.progress.phase("compiling... (first step)")

@@ -88,6 +88,14 @@ class RolloutSetup:
       raise ValueError("use either --preempt_trace or --chaos_kill_every, not both")
     if self.preempt_trace and not os.path.isfile(self.preempt_trace):
       raise ValueError(f"--preempt_trace={self.preempt_trace}: no such file")
+    if self.preempt_trace:  # parsed and checked here, before Ray or any worker starts
+      try:
+        trace = load_trace(self.preempt_trace)
+      except ValueError as err:
+        raise ValueError(f"--preempt_trace: {err}") from None
+      if trace.max_live() == 0:
+        raise ValueError(f"--preempt_trace={self.preempt_trace}: the trace never makes an "
+                         "instance available, so no rollout worker would ever start")
     if self.chaos_kill_every < 0 or not 0 < self.trace_sample <= 1:
       raise ValueError("--chaos_kill_every must be >= 0 and --trace_sample in (0, 1]")
     self.offload_config()  # validates

@@ -116,3 +116,38 @@ def test_seeded_requests_end_exactly_as_undisturbed():
   metrics = driver.end_step(m, t_wait_train=0.0, t_train=1.0)
   assert metrics["tokens_local"] + metrics["tokens_remote"] == sum(
       len(c.request.tokens) for c in out) and metrics["tokens_local"] > 0
+
+
+def test_n_prem_starts_at_n_resv_and_the_switch_restores_no_cap():
+  cfg = OffloadConfig(t_init=4.0, n_resv=3)
+  assert offload_init(cfg).n_prem_cap == 3.0 and offload_init(cfg).worker_cap() == 3
+  old = dataclasses.replace(cfg, cap_starts_at_resv=False)
+  assert math.isinf(offload_init(old).n_prem_cap) and offload_init(old).worker_cap() is None
+  assert offload_init(dataclasses.replace(cfg, cap_workers=False)).worker_cap() is None
+  assert offload_init(OffloadConfig(fixed=0.0, n_resv=3)).worker_cap() is None
+  # after the first measured step both follow the same formula
+  a, b = offload_update(offload_init(cfg), T, cfg), offload_update(offload_init(old), T, old)
+  assert a.n_prem_cap == b.n_prem_cap == pytest.approx((6 * 2 + 4 * 3) / 10)
+
+
+@pytest.mark.parametrize("at_resv, started", [(True, 2), (False, 6)])
+def test_instances_beyond_the_initial_cap_are_not_started(at_resv, started):
+  # Six spot nodes are available from t = 0; the controller (N_resv = 2) caps the fleet before
+  # the fleet's first tick, so step 0 runs N_resv of them (Algorithm 1); the switch off starts
+  # all six.
+  from jaxrl_sys.rollout import ManualClock, MemoryWeightStore  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.fleet import Fleet  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.schedules import TracePlayer  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.traces import constant_trace  # pylint: disable=import-outside-toplevel
+  from tests.rollout.fake_worker import FakeWorker  # pylint: disable=import-outside-toplevel
+  clock = ManualClock()
+  m = RolloutManager(store=MemoryWeightStore(), clock=clock)
+  m.add_tick_hook(Fleet(lambda wid: FakeWorker(wid, clock, num_slots=2),
+                        schedule=TracePlayer(constant_trace(6, 100.0))))
+  driver = OffloadDriver(OffloadConfig(t_init=1.0, n_resv=2, cap_starts_at_resv=at_resv))
+  driver.apply_cap(m)
+  m.round()
+  assert len(m.workers) == started
+  driver.begin_step(m)
+  m.round()
+  assert len(m.workers) == started

@@ -44,3 +44,17 @@ def test_a_baseline_without_a_single_step_is_a_clear_error():
                       "cost_per_mtok": float("inf")}}]
   with pytest.raises(ValueError, match="completed no RL step.*--length_median"):
     report.summarize(rows, ["0-2h"])
+
+
+def test_a_trace_shorter_than_a_segment_runs_as_one_segment_and_bad_indices_are_clear():
+  from jaxrl_sys.rollout.traces import constant_trace  # pylint: disable=import-outside-toplevel
+  short = constant_trace(3, 1200.0, "short")
+  hours, segs = experiment.plan_segments(short, 2.0)
+  assert hours == pytest.approx(1 / 3) and len(segs) == 1 and segs[0][1].end == 1200.0
+  assert experiment.plan_segments(short, 2.0, "0")[1][0][0] == segs[0][0]
+  with pytest.raises(ValueError, match=r"no segment \[1\]: the trace has 1 segment"):
+    experiment.plan_segments(short, 2.0, "0,1")
+  with pytest.raises(ValueError, match="spans 0 s"):
+    experiment.plan_segments(constant_trace(3, 0.0, "empty"), 2.0, "0")
+  hours, segs = experiment.plan_segments(constant_trace(1, 3 * 3600.0), 1.0, "2")
+  assert hours == 1.0 and [n for n, _ in segs] == ["2-3h"]

@@ -2,6 +2,7 @@
 import dataclasses
 
 import numpy as np
+import pytest
 
 from jaxrl_sys.rollout import InProcessWorker, ThreadWorker
 from jaxrl_sys.train import recipe as recipe_lib
@@ -43,3 +44,25 @@ def test_two_local_engines_train_on_the_samples_one_engine_draws():
             for r in runs]
   np.testing.assert_array_equal(np.array(a)[:, :2], np.array(b)[:, :2])
   np.testing.assert_allclose(np.array(a)[:, 2:], np.array(b)[:, 2:], rtol=1e-4, atol=1e-6)
+
+
+def test_a_bad_preempt_trace_fails_before_ray_starts(tmp_path, monkeypatch):
+  from jaxrl_sys.rollout import ray_worker  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.rollout_setup import RolloutSetup  # pylint: disable=import-outside-toplevel
+
+  def no_ray(*a, **k):
+    raise AssertionError("Ray was started before the trace was checked")
+
+  monkeypatch.setattr(ray_worker, "init_ray", no_ray)
+  bad = tmp_path / "avail.log"
+  bad.write_text("instance i-1 up at noon\n")
+  with pytest.raises(ValueError, match=r"--preempt_trace: .*avail.log:1: cannot tell the trace "
+                     r"format .*known formats: bamboo .*counts"):
+    recipe_lib.build_recipe(quick(rollout="ray", num_workers=2, preempt_trace=str(bad)))
+  empty = tmp_path / "zero.csv"
+  empty.write_text("0,0\n60,0\n")
+  with pytest.raises(ValueError, match="never makes an instance available"):
+    RolloutSetup(rollout="ray", preempt_trace=str(empty))
+  ok = tmp_path / "counts.csv"
+  ok.write_text("date, time, available\n2021-12-11, 10:00, 2\n2021-12-11, 10:01, 1\n")
+  assert RolloutSetup(rollout="ray", preempt_trace=str(ok)).preempt_trace == str(ok)
