@@ -145,8 +145,9 @@ def main(argv):
   bases = {}
   for p in _presets(FLAGS.preset, fit):
     bases[p.name] = SimConfig(
-        p, workload=Workload(lengths=lengths), startup=COLD_VM if FLAGS.startup == "cold"
-        else WARM_RESTART, horizon=hours * 3600.0, seed=FLAGS.seed,
+        p, workload=Workload(lengths=lengths), engine=fit.engine(),
+        startup=COLD_VM if FLAGS.startup == "cold" else WARM_RESTART, horizon=hours * 3600.0,
+        seed=FLAGS.seed,
         max_steps=FLAGS.max_steps or None)
   disagg, probes = {}, {}
   if any(s.mode == "disagg" for s in settings):

@@ -9,7 +9,8 @@ handful of figures fitted to those points (`sim.paper.calibration_points` runs t
 fit is then applied, unchanged, to 8B and 32B and to the Bamboo trace (held out).
 
 Fitted (F) and taken-from-measurement (M) figures; sources in `sim/README.md`:
-- decode_scale (F): decode step time relative to the roofline preset (all three terms);
+- decode_scale, ctx_scale (F): decode step time relative to the roofline preset (the fixed and
+  per-sequence terms; the per-context-token term);
 - prefill_scale (F): prefill time relative to the roofline preset (the hand-off's re-prefill);
 - length median / sigma / group_share (F): the response lengths of OpenR1-Math prompts under
   the 14K cap and their within-group correlation (RLBoost does not publish them);
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxrl_sys.sim.engine import EngineModel
+from jaxrl_sys.sim.hardware import H100
 from jaxrl_sys.sim.lengths import LengthDistribution
 from jaxrl_sys.sim.presets import PRESETS, ModelPreset
 
@@ -29,19 +32,30 @@ class InstanceFit:
   """Fitted figures applied on top of a roofline preset (see the module docstring).
 
   Attributes:
-    decode_scale: multiplies `fixed_s`, `per_seq_s` and `per_ctx_token_s` of the decode curve.
+    decode_scale: multiplies `fixed_s` and `per_seq_s` of the decode curve (weight reads,
+      per-sequence compute).
+    ctx_scale: multiplies `per_ctx_token_s` (attention over the KV cache): decode rate vs
+      context.
     prefill_scale: multiplies the prefill per-token and attention costs.
+    mem_fraction: share of an instance's HBM for weights + KV cache (None: the preset's);
+      RLBoost's release runs SGLang at 0.6, local and remote (M).
+    max_running: most sequences an engine decodes at once (release: max_num_seqs 256) (M).
     median, sigma, group_share: the clipped log-normal response lengths (`LengthDistribution`).
   """
   decode_scale: float = 1.0
+  ctx_scale: float = 1.0
   prefill_scale: float = 1.0
   median: float = 4000.0
   sigma: float = 0.9
   group_share: float = 0.5
+  mem_fraction: float | None = None
+  max_running: int = 1024
 
   def __post_init__(self):
-    if not (self.decode_scale > 0 and self.prefill_scale > 0):
-      raise ValueError(f"InstanceFit: scales must be > 0, got {self}")
+    if not (self.decode_scale > 0 and self.ctx_scale > 0 and self.prefill_scale > 0 and self.max_running >= 1
+            and (self.mem_fraction is None or 0 < self.mem_fraction <= 1)):
+      raise ValueError(f"InstanceFit: need scales > 0, max_running >= 1, 0 < mem_fraction <= "
+                       f"1; got {self}")
     LengthDistribution(self.median, self.sigma, group_share=self.group_share)  # validates
 
   def lengths(self, max_tokens: int = 14336) -> LengthDistribution:
@@ -49,11 +63,23 @@ class InstanceFit:
     return LengthDistribution(self.median, self.sigma, max_tokens=max_tokens,
                               group_share=self.group_share)
 
+  def engine(self, base: EngineModel = EngineModel()) -> EngineModel:
+    """The engine scheduler with the fitted batch cap."""
+    return dataclasses.replace(base, max_running=self.max_running)
+
   def apply(self, preset: ModelPreset) -> ModelPreset:
     """`preset` with the fitted decode and prefill costs (training figures unchanged)."""
     d, s = preset.decode, self.decode_scale
+    kv = d.kv_capacity_tokens
+    if self.mem_fraction is not None:
+      hbm = preset.gpus_per_instance * H100.gpu_mem_bytes * self.mem_fraction
+      kv = int((hbm - preset.weight_bytes) // preset.kv_bytes_per_token)
+      if kv <= 0:
+        raise ValueError(f"InstanceFit: {preset.name}'s weights do not fit "
+                         f"{self.mem_fraction:g} of the instance's memory")
     decode = dataclasses.replace(d, fixed_s=d.fixed_s * s, per_seq_s=d.per_seq_s * s,
-                                 per_ctx_token_s=d.per_ctx_token_s * s)
+                                 per_ctx_token_s=d.per_ctx_token_s * self.ctx_scale,
+                                 kv_capacity_tokens=kv)
     return dataclasses.replace(
         preset, name=preset.name, decode=decode,
         prefill_s_per_token=preset.prefill_s_per_token * self.prefill_scale,

@@ -66,7 +66,7 @@ def static_pool(fit: InstanceFit, counts: Sequence[int], max_tokens: int = CAP_1
   """{n: (throughput ratio, cost-efficiency ratio)} of a static pool of n instances vs
   co-located veRL, both on `fit` (see the module docstring)."""
   base = SimConfig(fit.apply(preset), workload=Workload(lengths=fit.lengths(max_tokens)),
-                   startup=WARM_RESTART, horizon=1e9, max_steps=steps)
+                   engine=fit.engine(), startup=WARM_RESTART, horizon=1e9, max_steps=steps)
   base = dataclasses.replace(base, offload=dataclasses.replace(base.offload, cap_workers=False))
   jobs_ = [(dataclasses.replace(base, mode="colocated"), 0, skip)]
   jobs_ += [(base, n, skip) for n in counts]
@@ -98,7 +98,8 @@ def validation_points(trace: Trace, fit: InstanceFit = FITTED, segment_hours: fl
   bases = {}
   for name in ("qwen3-8b", "qwen3-14b", "qwen3-32b"):
     bases[name] = SimConfig(fit.apply(get_preset(name)), workload=Workload(lengths=fit.lengths()),
-                            horizon=segment_hours * 3600.0, seed=seed, **(base_kw or {}))
+                            engine=fit.engine(), horizon=segment_hours * 3600.0, seed=seed,
+                            **(base_kw or {}))
   rows = experiment.run_grid(bases, [SETTINGS["colocated"], SETTINGS["rlboost"]], segs, jobs)
   summ = report.summarize(rows, [n for n, _ in segs])
   out: dict[str, Any] = {"segments": {}}

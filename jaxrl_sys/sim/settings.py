@@ -18,7 +18,9 @@ between mechanisms, not implementations:
   (the release's retry path trims a group's partial responses to the shortest sibling),
   `no_balance` (no continuous load balancing at all), `no_tail_balance` (RLBoost's
   `max(running - B, 0)` rule only: the tail of a batch is not split over idle workers),
-  `no_cap` (no N_prem cap), and `release` (trimming on, balancing and the cap off: the
+  `no_cap` (no N_prem cap), `cap_from_inf` (the cap starts unbounded instead of at N_resv,
+  so every live instance starts before step 0: this library's behaviour before it followed
+  Algorithm 1), and `release` (trimming on, balancing and the cap off: the
   released system's behaviour).
 """
 from __future__ import annotations
@@ -78,6 +80,8 @@ _S = [
     Setting("trim_siblings", "- trim siblings at migration", "beyond paper",
             manager=(("trim_siblings", True),)),
     Setting("no_cap", "- no N_prem cap", "beyond paper", offload=(("cap_workers", False),)),
+    Setting("cap_from_inf", "- N_prem cap from infinity", "beyond paper",
+            offload=(("cap_starts_at_resv", False),)),
     Setting("release", "- all three (release-like)", "beyond paper",
             manager=(("balance", False), ("trim_siblings", True)),
             offload=(("cap_workers", False),)),

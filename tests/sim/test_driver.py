@@ -132,3 +132,14 @@ def test_a_preset_calibrated_from_our_benchmarks_drives_the_same_simulation():
   assert cfg.local_engines == 1
   res = simulate(cfg, spot_trace(2, 1e6))
   assert len(res.steps) == 2 and res.throughput > 0 and res.preset == "measured"
+
+
+def test_step_0_runs_at_most_n_resv_instances_and_the_switch_starts_all():
+  # Eight spot instances live from t = 0; a Qwen3-8B node runs N_resv = 4 local engines.
+  paper = Simulation(small(max_steps=1), spot_trace(8, 1e6))
+  res = paper.run()
+  assert paper.cfg.local_engines == 4
+  assert res.steps[0].remote_live == 4 and len(paper.fleet.workers) == 4
+  old = Simulation(with_offload(small(max_steps=1), cap_starts_at_resv=False), spot_trace(8, 1e6))
+  res_old = old.run()
+  assert res_old.steps[0].remote_live == 8
