@@ -52,7 +52,8 @@ class InstanceFit:
   max_running: int = 1024
 
   def __post_init__(self):
-    if not (self.decode_scale > 0 and self.ctx_scale > 0 and self.prefill_scale > 0 and self.max_running >= 1
+    if not (self.decode_scale > 0 and self.ctx_scale > 0 and self.prefill_scale > 0
+            and self.max_running >= 1
             and (self.mem_fraction is None or 0 < self.mem_fraction <= 1)):
       raise ValueError(f"InstanceFit: need scales > 0, max_running >= 1, 0 < mem_fraction <= "
                        f"1; got {self}")
@@ -89,7 +90,7 @@ class InstanceFit:
 # The roofline model as it was before the fit (every figure derived; R1-like lengths).
 ROOFLINE = InstanceFit()
 # Fitted to the 14B static-pool points and the length-sweep end points (sim/paper.py).
-FITTED = InstanceFit()
+FITTED = InstanceFit(decode_scale=2.0, ctx_scale=4.0, mem_fraction=0.6, max_running=256)
 
 
 def fitted_presets(fit: InstanceFit = FITTED) -> dict[str, ModelPreset]:

@@ -88,27 +88,34 @@ def calibration_points(fit: InstanceFit = FITTED, steps: int = 6, skip: int = 2,
 
 def validation_points(trace: Trace, fit: InstanceFit = FITTED, segment_hours: float = 2.0,
                       sample: float = 0.5, seed: int = 0, jobs: int = 1,
-                      base_kw: dict[str, Any] | None = None) -> dict[str, Any]:
+                      base_kw: dict[str, Any] | None = None,
+                      extra: Sequence[str] = (), indices: str = "") -> dict[str, Any]:
   """Ours for every `VALIDATION` figure: Bamboo-style segments of `trace` (sampled like
   RLBoost), RLBoost vs co-located per preset, means over segments. Also returns the
-  per-segment ratios under "segments"."""
+  per-segment ratios under "segments" and, for each `extra` setting (e.g. "cap_from_inf"),
+  its mean (throughput, cost-efficiency) ratios under "settings". `indices` ("0,2"; "" = all)
+  picks segments."""
   from jaxrl_sys.sim import report  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.sim.settings import SETTINGS  # pylint: disable=import-outside-toplevel
-  segs = experiment.segments(trace.sample(sample, seed), segment_hours)
+  segment_hours, segs = experiment.plan_segments(trace.sample(sample, seed), segment_hours,
+                                                 indices)
   bases = {}
   for name in ("qwen3-8b", "qwen3-14b", "qwen3-32b"):
     bases[name] = SimConfig(fit.apply(get_preset(name)), workload=Workload(lengths=fit.lengths()),
                             engine=fit.engine(), horizon=segment_hours * 3600.0, seed=seed,
                             **(base_kw or {}))
-  rows = experiment.run_grid(bases, [SETTINGS["colocated"], SETTINGS["rlboost"]], segs, jobs)
+  settings = [SETTINGS[n] for n in ("colocated", "rlboost", *extra)]
+  rows = experiment.run_grid(bases, settings, segs, jobs)
   summ = report.summarize(rows, [n for n, _ in segs])
-  out: dict[str, Any] = {"segments": {}}
+  out: dict[str, Any] = {"segments": {}, "settings": {}}
   for name, label in (("qwen3-8b", "8B"), ("qwen3-14b", "14B"), ("qwen3-32b", "32B")):
     rl = summ[name]["rlboost"]
     out[f"bamboo {label} x"] = rl["mean"]["x_throughput"]
     out[f"bamboo {label} ce"] = 1.0 + rl["mean"]["cost_eff"]
     out["segments"][label] = {seg: (v["x_throughput"], 1.0 + v["cost_eff"], v["workers_used"])
                               for seg, v in rl["segments"].items()}
+    out["settings"][label] = {n: (summ[name][n]["mean"]["x_throughput"],
+                                  1.0 + summ[name][n]["mean"]["cost_eff"]) for n in extra}
   return out
 
 
