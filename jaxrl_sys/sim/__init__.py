@@ -22,7 +22,12 @@ real rollout manager on a virtual clock is built on top of them. Every figure's 
 - `calibrate`: `fit_decode_curve`, `calibrate_from_measurement(...)`,
   `calibrate_from_benchmarks(generate, grpo_step, rollout_engine)` (our benchmarks' JSON).
 
-Spot traces (parsing, segments, sampling, replay) are in `jaxrl_sys.rollout.traces`.
+- `fit`: `InstanceFit` (decode / attention / prefill scales, lengths, memory fraction, batch
+  cap), `FITTED` (fitted to RLBoost's static-pool points), `ROOFLINE`, `fitted_presets()`.
+- `paper`: RLBoost's published figures (`CALIBRATION`, `VALIDATION`), `static_pool`,
+  `calibration_points`, `validation_points`, `paper_table`.
+Spot traces (parsing, segments, sampling, replay) are in `jaxrl_sys.rollout.traces`; the file
+formats in `jaxrl_sys.rollout.trace_formats`.
 """
 from jaxrl_sys.sim.calibrate import (calibrate_from_benchmarks, calibrate_from_measurement,
                                      dense_config_sizes, fit_decode_curve)

@@ -27,7 +27,8 @@ def test_the_experiment_prints_tables_and_writes_json_and_plots(tmp_path):
   out = subprocess.run(
       [sys.executable, "-m", "experiments.spot_sim", "--preset=qwen3-8b",
        "--settings=rlboost,no_balance", "--segments=0", "--max_steps=2", "--jobs=1",
-       f"--out_dir={tmp_path}"], cwd=_REPO, capture_output=True, text=True, timeout=120,
+       "--length_median=1500",
+       f"--out_dir={tmp_path}"], cwd=_REPO, capture_output=True, text=True, timeout=400,
       check=True).stdout
   assert "RLBoost vs co-located veRL" in out and "no continuous balancing" in out
   res = json.loads((tmp_path / "results.json").read_text())
