@@ -153,7 +153,8 @@ flags.DEFINE_string("weight_store", None,
                     "memory | ray | tensorstore:PATH_OR_URL (default: memory for local rollout, "
                     "ray for Ray workers).")
 flags.DEFINE_string("preempt_trace", None,
-                    "Spot trace (Bamboo CSV / Parcae JSONL) that starts and SIGKILLs Ray workers.")
+                    "Spot trace that starts and SIGKILLs Ray workers (Bamboo, Parcae, SpotServe, "
+                    "count series, SkyPilot; jaxrl_sys.rollout.trace_formats); checked before Ray.")
 flags.DEFINE_float("trace_time_scale", _RC.trace_time_scale,
                    "Host seconds per trace second (1/60: a trace minute per second).")
 flags.DEFINE_float("chaos_kill_every", _RC.chaos_kill_every,

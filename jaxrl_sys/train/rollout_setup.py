@@ -42,7 +42,8 @@ class RolloutSetup:
     ray_address: a Ray cluster to join ("auto", "ray://head:10001"); None starts a local one.
     weight_store: "memory", "ray" or "tensorstore:PATH_OR_URL"; None = memory for local
       rollout, the Ray object store for Ray workers.
-    preempt_trace: a spot trace (Bamboo CSV or Parcae JSON lines) whose adds and removes start
+    preempt_trace: a spot trace (any `rollout.trace_formats` format; parsed and checked here,
+      before Ray starts) whose adds and removes start
       and SIGKILL workers; `trace_time_scale` host seconds per trace second, `trace_sample` the
       fraction of trace nodes kept (seeded, as RLBoost kept 50%).
     chaos_kill_every: mean seconds between random SIGKILLs of a worker (0 = off; gaps uniform
