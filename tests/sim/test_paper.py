@@ -55,3 +55,14 @@ def test_bamboo_table_held_out():
     # throughput and on tokens per dollar for every model.
     assert x > 1.0 and ce > 1.0, (label, x, ce)
     print(f"{label}: x {x:.2f} (paper {px}), ce {ce:.2f} (paper {pce})")
+
+
+def test_paper_table_puts_ours_beside_the_paper_with_the_ratio():
+  table = paper.paper_table({"static 1 inst x": 1.233, "bamboo 8B x": 0.83},
+                            {**paper.CALIBRATION, **paper.VALIDATION}).splitlines()
+  assert table[0].split() == ["figure", "paper", "ours", "ratio"]
+  assert table[1].split() == ["static", "1", "inst", "x", "1.37", "1.23", "0.90"]
+  assert table[2].split() == ["bamboo", "8B", "x", "1.66", "0.83", "0.50"]
+  # the paper's cost figures: -22% per-token cost is 1 / 0.78 tokens per dollar
+  assert paper.CALIBRATION["static 1 inst ce"] == pytest.approx(1.282, abs=1e-3)
+  assert paper.CALIBRATION["static 6 inst x"] == pytest.approx(2.2468)
