@@ -25,9 +25,9 @@ import numpy as np  # noqa: E402
 from benchmarks.common import RESULTS_DIR, print_table, write_json  # noqa: E402
 from jaxrl_sys.models import init_params  # noqa: E402
 from jaxrl_sys.train import recipe as recipe_lib  # noqa: E402
-from jaxrl_sys.train.evaluate import evaluate  # noqa: E402
-from jaxrl_sys.train.loop import RLLoop  # noqa: E402
-from jaxrl_sys.train.supervised import supervised_warmup  # noqa: E402
+from jaxrl_sys.train.loop.evaluate import evaluate  # noqa: E402
+from jaxrl_sys.train.loop.rl_loop import RLLoop  # noqa: E402
+from jaxrl_sys.train.loop.supervised import supervised_warmup  # noqa: E402
 
 BASE = recipe_lib.RecipeConfig(progress=False, sft_steps=60, lr_warmup_steps=5)
 

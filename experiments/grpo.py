@@ -41,7 +41,7 @@ def _early_mesh_size(argv: list[str]) -> int | None:
   or malformed; validated later)."""
   value = _flag_value(argv, "mesh")
   if value is None and _flag_value(argv, "config"):
-    from jaxrl_sys.train.config_file import read_config_file  # pylint: disable=import-outside-toplevel
+    from jaxrl_sys.train.recipe.config_file import read_config_file  # pylint: disable=import-outside-toplevel
     try:
       value = read_config_file(_flag_value(argv, "config")).get("mesh")
     except ValueError:
@@ -70,11 +70,11 @@ if __name__ == "__main__":
 # pylint: disable=wrong-import-position
 from absl import app, flags, logging as absl_logging  # noqa: E402
 
-from jaxrl_sys.train.config import ALGOS, MODES  # noqa: E402
+from jaxrl_sys.train.step.config import ALGOS, MODES  # noqa: E402
 
 
 def _defaults():
-  from jaxrl_sys.train.recipe import RecipeConfig  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.recipe.build import RecipeConfig  # pylint: disable=import-outside-toplevel
   return RecipeConfig()
 
 
@@ -172,7 +172,7 @@ flags.DEFINE_float("worker_token_delay", _RC.worker_token_delay,
 
 def apply_config_file(path: str) -> None:
   """Sets every flag named in the file that the command line did not set."""
-  from jaxrl_sys.train import config_file  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.recipe import config_file  # pylint: disable=import-outside-toplevel
   data = config_file.read_config_file(path)
   known = [f.name for f in dataclasses.fields(_RC)]
   config_file.check_keys(data, known, path)
@@ -190,14 +190,14 @@ def apply_config_file(path: str) -> None:
 
 def recipe_from_flags():
   """A `RecipeConfig` from the parsed flags (and the --config file)."""
-  from jaxrl_sys.train.recipe import RecipeConfig, run_name  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.recipe.build import RecipeConfig, run_name  # pylint: disable=import-outside-toplevel
   if FLAGS.config:
     apply_config_file(FLAGS.config)
   rc = RecipeConfig(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(RecipeConfig)})
   if FLAGS.resume and not (rc.out_dir or rc.checkpoint_dir):
     raise ValueError("--resume needs the run to continue: its --out_dir (or --checkpoint_dir)")
   if not rc.out_dir:
-    from jaxrl_sys.train.run_dir import new_run_dir  # pylint: disable=import-outside-toplevel
+    from jaxrl_sys.train.recipe.run_dir import new_run_dir  # pylint: disable=import-outside-toplevel
     rc = dataclasses.replace(rc, out_dir=new_run_dir("runs", run_name(rc)))
   return rc
 
@@ -207,7 +207,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   import jax  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
-  from jaxrl_sys.train.guard import DivergenceError  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.loop.guard import DivergenceError  # pylint: disable=import-outside-toplevel
   if FLAGS.compile_cache:
     jax.config.update("jax_compilation_cache_dir", os.path.abspath(FLAGS.compile_cache))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

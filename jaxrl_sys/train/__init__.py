@@ -25,26 +25,26 @@ Side effects:
 - `supervised_warmup`, `evaluate`, `PeriodicEval`, `load_model`, `MetricsLogger`, `Progress`,
   `plot_history`.
 """
-from jaxrl_sys.train.batch import Sample, TrainBatch, pack, stack
-from jaxrl_sys.train.buffer import RolloutBuffer
-from jaxrl_sys.train.checkpoint import Checkpointer, Restored, fingerprint
-from jaxrl_sys.train.compat import CheckpointMismatchError
-from jaxrl_sys.train.config import (ALGOS, MODES, CheckpointConfig, LoopConfig, OptimConfig,
-                                    TrainConfig, train_config_for_algo)
-from jaxrl_sys.train.evaluate import evaluate
-from jaxrl_sys.train.guard import DivergenceError, DivergenceGuard
-from jaxrl_sys.train.loop import RLLoop, RunResult
-from jaxrl_sys.train.metrics_log import MetricsLogger, Progress, plot_history
-from jaxrl_sys.train.optim import make_optimizer, make_schedule
-from jaxrl_sys.train.presets import load_model
-from jaxrl_sys.train.periodic_eval import PeriodicEval
-from jaxrl_sys.train.recipe import RecipeConfig, RecipeResult, build_recipe, run_recipe
-from jaxrl_sys.train.run_dir import new_run_dir, prepare_run_dir
-from jaxrl_sys.train.state import (TrainState, abstract_state, init_train_state, state_shardings,
-                                   with_shardings)
-from jaxrl_sys.train.step import (Accum, TrainFns, accumulate, apply, fused_step, init_accum,
-                                  make_train_fns, token_logprobs, train_step)
-from jaxrl_sys.train.supervised import supervised_warmup
+from jaxrl_sys.train.step.batch import Sample, TrainBatch, pack, stack
+from jaxrl_sys.train.loop.buffer import RolloutBuffer
+from jaxrl_sys.train.loop.checkpoint import Checkpointer, Restored, fingerprint
+from jaxrl_sys.train.loop.compat import CheckpointMismatchError
+from jaxrl_sys.train.step.config import (ALGOS, MODES, CheckpointConfig, LoopConfig, OptimConfig,
+                                         TrainConfig, train_config_for_algo)
+from jaxrl_sys.train.loop.evaluate import evaluate
+from jaxrl_sys.train.loop.guard import DivergenceError, DivergenceGuard
+from jaxrl_sys.train.loop.rl_loop import RLLoop, RunResult
+from jaxrl_sys.train.loop.metrics_log import MetricsLogger, Progress, plot_history
+from jaxrl_sys.train.step.optim import make_optimizer, make_schedule
+from jaxrl_sys.train.recipe.presets import load_model
+from jaxrl_sys.train.loop.periodic_eval import PeriodicEval
+from jaxrl_sys.train.recipe.build import RecipeConfig, RecipeResult, build_recipe, run_recipe
+from jaxrl_sys.train.recipe.run_dir import new_run_dir, prepare_run_dir
+from jaxrl_sys.train.step.state import (TrainState, abstract_state, init_train_state,
+                                        state_shardings, with_shardings)
+from jaxrl_sys.train.step.update import (Accum, TrainFns, accumulate, apply, fused_step, init_accum,
+                                         make_train_fns, token_logprobs, train_step)
+from jaxrl_sys.train.loop.supervised import supervised_warmup
 
 __all__ = [
     "ALGOS", "Accum", "CheckpointConfig", "CheckpointMismatchError", "Checkpointer",

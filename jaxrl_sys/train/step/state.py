@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxrl_sys.models import ModelConfig, init_params, param_axes
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules, tree_shardings
-from jaxrl_sys.train.config import TrainConfig
+from jaxrl_sys.train.step.config import TrainConfig
 
 
 class TrainState(NamedTuple):

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from jaxrl_sys.rollout.types import Completion, FinishReason, Request, request_key
-from jaxrl_sys.train.batch import (Sample, micro_batches, pack, row_granule, row_length,
-                                   split, stack)
-from jaxrl_sys.train.buffer import RolloutBuffer
-from jaxrl_sys.train.groups import request_keys
+from jaxrl_sys.train.step.batch import (Sample, micro_batches, pack, row_granule, row_length, split,
+                                        stack)
+from jaxrl_sys.train.loop.buffer import RolloutBuffer
+from jaxrl_sys.train.loop.groups import request_keys
 
 
 def test_pack_aligns_targets_and_response_masks():

@@ -8,13 +8,13 @@ import pytest
 
 from jaxrl_sys.rollout.types import Completion, FinishReason, Request, request_key
 from jaxrl_sys.sharding import make_mesh
-from jaxrl_sys.train.buffer import RolloutBuffer
-from jaxrl_sys.train.checkpoint import Checkpointer
-from jaxrl_sys.train.config import CheckpointConfig, train_config_for_algo
-from jaxrl_sys.train.optim import make_optimizer
-from jaxrl_sys.train.presets import load_model
-from jaxrl_sys.train.state import (abstract_state, init_train_state, state_shardings,
-                                   with_shardings)
+from jaxrl_sys.train.loop.buffer import RolloutBuffer
+from jaxrl_sys.train.loop.checkpoint import Checkpointer
+from jaxrl_sys.train.step.config import CheckpointConfig, train_config_for_algo
+from jaxrl_sys.train.step.optim import make_optimizer
+from jaxrl_sys.train.recipe.presets import load_model
+from jaxrl_sys.train.step.state import (abstract_state, init_train_state, state_shardings,
+                                        with_shardings)
 
 MC = load_model("tiny", max_seq_len=12).config  # the shapes of the other trainer tests
 TC = train_config_for_algo("grpo")  # KL > 0: the state carries a reference copy

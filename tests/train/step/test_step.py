@@ -4,12 +4,12 @@ import jax
 import numpy as np
 
 from jaxrl_sys.sharding import make_mesh
-from jaxrl_sys.train import batch as batch_lib
-from jaxrl_sys.train.config import train_config_for_algo
-from jaxrl_sys.train.optim import make_optimizer
-from jaxrl_sys.train.presets import load_model
-from jaxrl_sys.train.state import abstract_state, init_train_state
-from jaxrl_sys.train.step import make_train_fns
+from jaxrl_sys.train.step import batch as batch_lib
+from jaxrl_sys.train.step.config import train_config_for_algo
+from jaxrl_sys.train.step.optim import make_optimizer
+from jaxrl_sys.train.recipe.presets import load_model
+from jaxrl_sys.train.step.state import abstract_state, init_train_state
+from jaxrl_sys.train.step.update import make_train_fns
 
 ROWS, SEQ = 64, 12  # the loop tests' micro-batch shape (shared compiled programs)
 
@@ -119,7 +119,7 @@ def test_windowed_scoring_equals_log_softmax_of_the_full_forward():
   logits at the same positions; the update from windowed batches equals the full-layout one."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.models import forward, logits_from_hidden  # pylint: disable=import-outside-toplevel
-  from jaxrl_sys.train.step import token_logprobs  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.step.update import token_logprobs  # pylint: disable=import-outside-toplevel
   mc, tc, opt, mesh, fns = _setup(kl_coef=0.04)
   state = init_train_state(mc, tc, opt, mesh=mesh, seed=0)
   samples = _samples(40, seed=3)

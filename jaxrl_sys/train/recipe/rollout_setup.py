@@ -23,7 +23,7 @@ from jaxrl_sys.rollout.traces import load_trace
 from jaxrl_sys.rollout.types import RolloutClient
 from jaxrl_sys.rollout.weights import make_weight_store
 from jaxrl_sys.rollout.worker import InProcessWorker
-from jaxrl_sys.train.config import LoopConfig
+from jaxrl_sys.train.step.config import LoopConfig
 
 ROLLOUTS = ("local", "ray")
 # Auto mode splits the in-process rollout over two engines only when each keeps this many slots.

@@ -37,9 +37,9 @@ from jaxrl_sys.losses.policy import policy_loss
 from jaxrl_sys.models import ModelConfig, forward, unembedding
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules, logical_to_spec
 from jaxrl_sys.sharding.axes import BATCH
-from jaxrl_sys.train.batch import TrainBatch
-from jaxrl_sys.train.config import TrainConfig
-from jaxrl_sys.train.state import TrainState, state_shardings
+from jaxrl_sys.train.step.batch import TrainBatch
+from jaxrl_sys.train.step.config import TrainConfig
+from jaxrl_sys.train.step.state import TrainState, state_shardings
 
 # Token-weighted means accumulated across micro-batches (keys of policy_loss's aux).
 _TOKEN_MEANS = ("kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl",

@@ -7,9 +7,9 @@ import pytest
 
 from jaxrl_sys.models import init_params
 from jaxrl_sys.train import recipe as recipe_lib
-from jaxrl_sys.train.evaluate import evaluate
-from jaxrl_sys.train.loop import RLLoop
-from jaxrl_sys.train.supervised import supervised_warmup
+from jaxrl_sys.train.loop.evaluate import evaluate
+from jaxrl_sys.train.loop.rl_loop import RLLoop
+from jaxrl_sys.train.loop.supervised import supervised_warmup
 from tests.train.common import quick
 
 

@@ -24,9 +24,9 @@ from typing import NamedTuple
 import jax
 import orbax.checkpoint as ocp
 
-from jaxrl_sys.train.compat import CheckpointMismatchError, check_compatible, state_layout
-from jaxrl_sys.train.config import CheckpointConfig
-from jaxrl_sys.train.state import TrainState
+from jaxrl_sys.train.loop.compat import CheckpointMismatchError, check_compatible, state_layout
+from jaxrl_sys.train.step.config import CheckpointConfig
+from jaxrl_sys.train.step.state import TrainState
 from jaxrl_sys.utils.fingerprint import fingerprint
 
 log = logging.getLogger(__name__)

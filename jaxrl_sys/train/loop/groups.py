@@ -16,8 +16,8 @@ from jaxrl_sys.losses.advantages import group_advantages
 from jaxrl_sys.losses.config import AdvantageConfig
 from jaxrl_sys.rollout.types import FinishReason, Request
 from jaxrl_sys.tasks import score_completions
-from jaxrl_sys.train.batch import Sample
-from jaxrl_sys.train.buffer import Group
+from jaxrl_sys.train.step.batch import Sample
+from jaxrl_sys.train.loop.buffer import Group
 
 
 def encode_prompt(tokenizer, text: str, max_prompt_len: int) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import optax
 
 from jaxrl_sys.losses.ess import scale_by_ess
-from jaxrl_sys.train.config import OptimConfig
+from jaxrl_sys.train.step.config import OptimConfig
 
 
 def make_schedule(config: OptimConfig) -> optax.Schedule:
