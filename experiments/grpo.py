@@ -70,7 +70,8 @@ if __name__ == "__main__":
 # pylint: disable=wrong-import-position
 from absl import app, flags, logging as absl_logging  # noqa: E402
 
-from jaxrl_sys.train.step.config import ALGOS, MODES  # noqa: E402
+from jaxrl_sys.train.step.config import ALGOS  # noqa: E402
+from jaxrl_sys.train.loop.config import MODES  # noqa: E402
 
 
 def _defaults():

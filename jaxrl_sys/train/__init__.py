@@ -29,8 +29,8 @@ from jaxrl_sys.train.step.batch import Sample, TrainBatch, pack, stack
 from jaxrl_sys.train.loop.buffer import RolloutBuffer
 from jaxrl_sys.train.loop.checkpoint import Checkpointer, Restored, fingerprint
 from jaxrl_sys.train.loop.compat import CheckpointMismatchError
-from jaxrl_sys.train.step.config import (ALGOS, MODES, CheckpointConfig, LoopConfig, OptimConfig,
-                                         TrainConfig, train_config_for_algo)
+from jaxrl_sys.train.step.config import ALGOS, OptimConfig, TrainConfig, train_config_for_algo
+from jaxrl_sys.train.loop.config import MODES, CheckpointConfig, LoopConfig
 from jaxrl_sys.train.loop.evaluate import evaluate
 from jaxrl_sys.train.loop.guard import DivergenceError, DivergenceGuard
 from jaxrl_sys.train.loop.rl_loop import RLLoop, RunResult

@@ -9,7 +9,7 @@ import pytest
 from jaxrl_sys.train import recipe as recipe_lib
 from jaxrl_sys.train.loop.checkpoint import Checkpointer
 from jaxrl_sys.train.loop.compat import CheckpointMismatchError
-from jaxrl_sys.train.step.config import CheckpointConfig
+from jaxrl_sys.train.loop.config import CheckpointConfig
 from jaxrl_sys.train.loop.guard import DivergenceError
 from tests.train.common import quick
 

@@ -25,7 +25,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxrl_sys.train.loop.compat import CheckpointMismatchError, check_compatible, state_layout
-from jaxrl_sys.train.step.config import CheckpointConfig
+from jaxrl_sys.train.loop.config import CheckpointConfig
 from jaxrl_sys.train.step.state import TrainState
 from jaxrl_sys.utils.fingerprint import fingerprint
 

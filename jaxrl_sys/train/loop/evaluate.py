@@ -14,9 +14,9 @@ import numpy as np
 
 from jaxrl_sys.models import ModelConfig
 from jaxrl_sys.tasks import score_completions
-from jaxrl_sys.train.step.config import LoopConfig
+from jaxrl_sys.train.loop.config import LoopConfig
 from jaxrl_sys.train.loop.groups import group_requests
-from jaxrl_sys.train.recipe.rollout_setup import default_client
+from jaxrl_sys.train.loop.local_client import default_client
 
 _EVAL_GROUP_OFFSET = 1 << 24  # request ids far from the training ones (keys differ too)
 

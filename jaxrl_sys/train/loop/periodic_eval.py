@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from jaxrl_sys.models import ModelConfig
-from jaxrl_sys.train.step.config import LoopConfig
+from jaxrl_sys.train.loop.config import LoopConfig
 from jaxrl_sys.train.loop.evaluate import evaluate
-from jaxrl_sys.train.recipe.rollout_setup import default_client
+from jaxrl_sys.train.loop.local_client import default_client
 
 # Problem indices of the held-out set of a synthetic task (training uses 0, 1, ...; the
 # supervised warm-up starts at 1_000_000).

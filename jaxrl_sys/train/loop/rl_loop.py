@@ -47,13 +47,14 @@ from jaxrl_sys.sharding import DEFAULT_RULES, Rules
 from jaxrl_sys.train.step import batch as batch_lib
 from jaxrl_sys.train.loop.buffer import Group, RolloutBuffer
 from jaxrl_sys.train.loop.checkpoint import Checkpointer
-from jaxrl_sys.train.step.config import CheckpointConfig, LoopConfig, TrainConfig
+from jaxrl_sys.train.step.config import TrainConfig
+from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.loop.groups import group_requests, score_groups
 from jaxrl_sys.train.loop.guard import DivergenceGuard
 from jaxrl_sys.train.loop.metrics_log import (MetricsLogger, Progress, client_counters, peak_flops,
                                               rollout_metrics, train_flops_per_token)
 from jaxrl_sys.train.step.optim import make_optimizer, make_schedule
-from jaxrl_sys.train.recipe.rollout_setup import check_lengths, default_client, extra_groups
+from jaxrl_sys.train.loop.local_client import check_lengths, default_client, extra_groups
 from jaxrl_sys.train.step.state import (TrainState, abstract_state, init_train_state,
                                         state_shardings, with_shardings)
 from jaxrl_sys.train.step.update import make_train_fns

@@ -2,17 +2,10 @@
 
 `build.build_recipe` / `build.run_recipe` (what `python -m experiments.grpo` runs),
 `run_dir` (run directories), `config_file` (`--config=FILE`), `presets` (models and their
-tokenizers), `rollout_setup` (where rollout runs).
+tokenizers), `rollout_setup` (where rollout runs, and the Ray client).
 """
-_EXPORTS = ("Recipe", "RecipeConfig", "RecipeResult", "build_recipe", "recipe_mesh", "run_name",
-            "run_recipe")
+from jaxrl_sys.train.recipe.build import (Recipe, RecipeConfig, RecipeResult, build_recipe,
+                                          recipe_mesh, run_name, run_recipe)
 
-
-def __getattr__(name):
-  if name in _EXPORTS:
-    from jaxrl_sys.train.recipe import build  # pylint: disable=import-outside-toplevel
-    return getattr(build, name)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = list(_EXPORTS)
+__all__ = ["Recipe", "RecipeConfig", "RecipeResult", "build_recipe", "recipe_mesh", "run_name",
+           "run_recipe"]

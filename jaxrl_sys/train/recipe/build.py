@@ -30,13 +30,13 @@ import numpy as np
 from jaxrl_sys.models import init_params
 from jaxrl_sys.sharding import MeshSpec, make_mesh, parse_mesh
 from jaxrl_sys.tasks import CountingTask, DatasetTask, make_task, parse_task_spec
-from jaxrl_sys.train.step.config import (ALGOS, CheckpointConfig, LoopConfig, OptimConfig,
-                                         TrainConfig, train_config_for_algo)
+from jaxrl_sys.train.step.config import ALGOS, OptimConfig, TrainConfig, train_config_for_algo
+from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.recipe.config_file import reproducible
 from jaxrl_sys.train.loop.groups import encode_prompt
 from jaxrl_sys.train.loop.guard import DivergenceError
 from jaxrl_sys.train.loop.rl_loop import RLLoop, RunResult
-from jaxrl_sys.train.recipe.rollout_setup import check_lengths, default_engine_config
+from jaxrl_sys.train.loop.local_client import check_lengths, default_engine_config
 from jaxrl_sys.train.loop.metrics_log import Progress, plot_history
 from jaxrl_sys.train.loop.periodic_eval import SYNTHETIC_EVAL_START, PeriodicEval
 from jaxrl_sys.train.recipe.presets import LoadedModel, load_model

@@ -10,7 +10,8 @@ from jaxrl_sys.rollout.types import Completion, FinishReason, Request, request_k
 from jaxrl_sys.sharding import make_mesh
 from jaxrl_sys.train.loop.buffer import RolloutBuffer
 from jaxrl_sys.train.loop.checkpoint import Checkpointer
-from jaxrl_sys.train.step.config import CheckpointConfig, train_config_for_algo
+from jaxrl_sys.train.step.config import train_config_for_algo
+from jaxrl_sys.train.loop.config import CheckpointConfig
 from jaxrl_sys.train.step.optim import make_optimizer
 from jaxrl_sys.train.recipe.presets import load_model
 from jaxrl_sys.train.step.state import (abstract_state, init_train_state, state_shardings,

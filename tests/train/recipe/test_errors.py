@@ -2,7 +2,7 @@
 import pytest
 
 from jaxrl_sys.train import recipe as recipe_lib
-from jaxrl_sys.train.step.config import LoopConfig
+from jaxrl_sys.train.loop.config import LoopConfig
 from tests.train.common import quick
 
 
@@ -28,7 +28,7 @@ def test_mesh_larger_than_devices():
 
 
 def test_prompt_longer_than_model_context():
-  from jaxrl_sys.train.recipe.rollout_setup import check_lengths
+  from jaxrl_sys.train.loop.local_client import check_lengths
   from jaxrl_sys.train.recipe.presets import load_model
   model = load_model("tiny", max_seq_len=10)
   with pytest.raises(ValueError, match="prompt longer than the context"):

@@ -5,8 +5,8 @@ import numpy as np
 
 from jaxrl_sys.rollout import InProcessWorker, ThreadWorker
 from jaxrl_sys.train import recipe as recipe_lib
-from jaxrl_sys.train.step.config import LoopConfig
-from jaxrl_sys.train.recipe.rollout_setup import default_client, local_worker_count
+from jaxrl_sys.train.loop.config import LoopConfig
+from jaxrl_sys.train.loop.local_client import default_client, local_worker_count
 from tests.train.common import quick
 
 
