@@ -14,7 +14,8 @@ class CheckpointConfig:
   """Orbax checkpointing.
 
   Attributes:
-    directory: where step directories go; None disables checkpoints.
+    directory: where step directories go; None disables checkpoints (the recipe: checkpoints/
+      in the run directory).
     save_every: save every N train steps (0 = only on preemption / at the end).
     keep: keep the last K checkpoints.
     async_save: let orbax write in the background.
@@ -32,9 +33,9 @@ class CheckpointConfig:
 
   def __post_init__(self):
     if self.save_every < 0:
-      raise ValueError(f"save_every must be >= 0, got {self.save_every}")
+      raise ValueError(f"--save_every={self.save_every} must be >= 0")
     if self.keep < 1:
-      raise ValueError(f"keep must be >= 1 (keep-last-K), got {self.keep}")
+      raise ValueError(f"--keep_checkpoints={self.keep} must be >= 1 (keep-last-K)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +54,10 @@ class LoopConfig:
     micro_batch_groups: m_b, groups per micro-batch (gradient accumulation unit).
     dynamic_micro_batching: start a micro-batch as soon as m_b groups are complete instead of
       waiting for the whole step's B groups.
-    max_new_tokens: response budget per sample.
-    max_prompt_len: prompt length bucket (prompts are padded to it; longer ones are an error).
+    max_new_tokens: response budget per sample (None: left to the recipe, which fills in the
+      task's; data sets: from the answers).
+    max_prompt_len: prompt length bucket in tokens (prompts are padded to it; longer ones are
+      an error; None: left to the recipe: the task's, data sets: the longest prompt).
     temperature: sampling temperature (logprobs of the full distribution at it).
     oversample: APRIL over-provisioning factor in sync / one_off modes (>= 1): submit
       ceil(B * oversample) groups, keep the first B complete, carry the rest (partial) over.
@@ -74,8 +77,8 @@ class LoopConfig:
   max_staleness: int = 0
   micro_batch_groups: int = 4
   dynamic_micro_batching: bool = True
-  max_new_tokens: int = 8
-  max_prompt_len: int = 16
+  max_new_tokens: int | None = 8
+  max_prompt_len: int | None = 16
   temperature: float = 1.0
   oversample: float = 1.0
   seed: int = 0
@@ -87,24 +90,27 @@ class LoopConfig:
   def __post_init__(self):
     if self.mode not in MODES:
       raise ValueError(f"unknown mode {self.mode!r}; choose one of {MODES}")
-    if self.steps < 0 or self.prompts_per_step < 1 or self.micro_batch_groups < 1:
-      raise ValueError("steps >= 0, prompts_per_step >= 1 and micro_batch_groups >= 1 needed")
-    if self.group_size < 2:
-      raise ValueError(
-          f"group_size={self.group_size}: GRPO-family advantages are relative to the other "
-          "samples of the same prompt, so each group needs at least 2 samples")
+    if self.steps < 1:
+      raise ValueError(f"--steps={self.steps}: nothing to train; give --steps >= 1")
+    if self.prompts_per_step < 1:
+      raise ValueError(f"--prompts_per_step={self.prompts_per_step} must be >= 1")
+    if self.micro_batch_groups < 1:
+      raise ValueError(f"--micro_batch_groups={self.micro_batch_groups} must be >= 1")
     if self.max_staleness < 0:
       raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
     if self.mode != "async" and self.max_staleness:
       raise ValueError(f"max_staleness={self.max_staleness} needs mode='async'")
-    if self.max_new_tokens < 1 or self.max_prompt_len < 1:
-      raise ValueError("max_new_tokens and max_prompt_len must be >= 1")
+    for name in ("max_new_tokens", "max_prompt_len"):
+      if getattr(self, name) is not None and getattr(self, name) < 1:
+        raise ValueError(f"--{name}={getattr(self, name)} must be >= 1")
     if not self.temperature > 0:
       raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
     if self.oversample < 1:
       raise ValueError(f"oversample must be >= 1, got {self.oversample}")
     if not (self.poll_timeout > 0 and self.stall_timeout > 0):
-      raise ValueError("poll_timeout and stall_timeout must be > 0")
+      raise ValueError("--loop.poll_timeout and --loop.stall_timeout must be > 0")
+    if not self.log_every >= 1:
+      raise ValueError(f"--loop.log_every={self.log_every} must be >= 1")
     if self.local_workers < 0:
       raise ValueError(f"local_workers must be >= 0 (0 = auto), got {self.local_workers}")
 
@@ -116,4 +122,7 @@ class LoopConfig:
   @property
   def seq_len(self) -> int:
     """Length of the packed training sequences (prompt bucket + response budget)."""
+    if self.max_prompt_len is None or self.max_new_tokens is None:
+      raise ValueError("max_prompt_len and max_new_tokens are None (left to the recipe): give "
+                       "both to a loop that runs without `recipe.build_recipe`")
     return self.max_prompt_len + self.max_new_tokens

@@ -1,9 +1,11 @@
-"""The end-to-end GRPO recipe behind `python -m experiments.grpo`, as a frozen config.
+"""The end-to-end GRPO recipe behind `python -m experiments.grpo`: a `RunConfig` -> built
+pieces (`build_recipe`) -> a run in its own directory (`run_recipe`).
 
 Default: a tiny dense model on 1-digit addition, a short supervised warm-up that leaves the
 reward mid-range, then GRPO; it learns visibly in about a minute on a 2-core CPU.
 `build_recipe` validates everything (mesh, algorithm, group size, lengths, task, reward,
 model files) before any work and fills the task- and model-dependent defaults (`None` fields);
+it is the one place that turns run settings into the step's, the loop's and rollout's configs;
 `run_recipe` runs it in its run directory (see `train.run_dir`).
 
 Bring your own task and model from Python:
@@ -30,8 +32,8 @@ import numpy as np
 from jaxrl_sys.models import init_params
 from jaxrl_sys.sharding import MeshSpec, make_mesh, parse_mesh
 from jaxrl_sys.tasks import CountingTask, DatasetTask, make_task, parse_task_spec
-from jaxrl_sys.train.step.config import ALGOS, OptimConfig, TrainConfig, train_config_for_algo
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
+from jaxrl_sys.train.step.config import TrainConfig
 from jaxrl_sys.train.recipe.config_file import reproducible
 from jaxrl_sys.train.loop.groups import encode_prompt
 from jaxrl_sys.train.loop.guard import DivergenceError
@@ -41,6 +43,7 @@ from jaxrl_sys.train.loop.metrics_log import Progress, plot_history
 from jaxrl_sys.train.loop.periodic_eval import SYNTHETIC_EVAL_START, PeriodicEval
 from jaxrl_sys.train.recipe.presets import LoadedModel, load_model
 from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup, ray_client
+from jaxrl_sys.train.recipe.run_config import RecipeConfig, RunConfig
 from jaxrl_sys.train.recipe.run_dir import (check_directory_path, describe_outputs, prepare_run_dir,
                                             write_json)
 from jaxrl_sys.train.loop.supervised import supervised_warmup
@@ -51,66 +54,12 @@ log = logging.getLogger(__name__)
 # None. The tiny presets' warm-up steps when `sft_steps` is None (a user's model gets none).
 TASK_DEFAULTS = {"arithmetic": ("num_digits=1,ops=+", 8, 4), "countdown": ("", 16, 8)}
 PRESET_SFT_STEPS = 60
-# Identity of a run for `--resume` (CheckpointConfig.identity): what is trained, and on what.
+# Identity of a run for `--resume` (CheckpointConfig.identity): what is trained, and on what
+# (short setting names, as checkpoints written before the config tree recorded them).
 IDENTITY_KEYS = ("model", "algo", "task", "task_args", "reward", "group_size",
                  "prompts_per_step", "mode", "max_staleness", "max_new_tokens", "max_prompt_len",
                  "temperature", "kl_coef", "seed", "chat_template", "oversample",
                  "skip_nonfinite")
-
-
-@dataclasses.dataclass(frozen=True)
-class RecipeConfig:
-  """Everything `experiments.grpo` exposes as flags (see its --help for each field); None
-  means "the task's / model's default" (filled in by `build_recipe`)."""
-  mesh: str = "1x1"
-  algo: str = "grpo"
-  model: str = "tiny"
-  task: str = "arithmetic"
-  task_args: str | None = None
-  reward: str | None = None
-  group_size: int = 4
-  prompts_per_step: int = 64
-  steps: int = 100
-  mode: str = "sync"
-  max_staleness: int = 0
-  micro_batch_groups: int = 16
-  dynamic_micro_batching: bool = True
-  max_new_tokens: int | None = None
-  max_prompt_len: int | None = None
-  temperature: float = 1.0
-  oversample: float = 1.0
-  learning_rate: float = 1e-3
-  lr_warmup_steps: int = 5
-  kl_coef: float | None = None
-  skip_nonfinite: bool = False
-  sft_steps: int | None = None
-  sft_learning_rate: float = 3e-3
-  sft_batch_size: int = 32
-  chat_template: bool = True
-  eval_every: int = 0
-  eval_prompts: int = 32
-  checkpoint_dir: str | None = None
-  save_every: int = 10
-  keep_checkpoints: int = 3
-  seed: int = 0
-  out_dir: str | None = None
-  overwrite: bool = False
-  export_hf: str | None = None
-  progress: bool = True
-  rollout: str = "local"
-  local_workers: int = 0
-  num_workers: int = 2
-  ray_address: str | None = None
-  weight_store: str | None = None
-  preempt_trace: str | None = None
-  trace_time_scale: float = 1.0 / 60.0
-  chaos_kill_every: float = 0.0
-  chaos_restart_after: float = 2.0
-  worker_token_delay: float = 0.0
-  worker_cpus: float = 1.0
-  worker_gpus: float = 0.0
-  offload: str = "off"
-  t_seed_init: float = 2.0
 
 
 def parse_task_args(text: str) -> dict[str, Any]:
@@ -135,7 +84,7 @@ class Recipe:
   """Built objects: the config with its defaults filled in, mesh, model (config, tokenizer,
   params or None), the training task (reward failures counted), the held-out task and its
   problem indices, configs."""
-  config: RecipeConfig
+  config: RunConfig
   mesh_spec: MeshSpec
   model: LoadedModel
   task: Any
@@ -156,28 +105,10 @@ class RecipeResult(RunResult):
   notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def _check_ranges(rc: RecipeConfig) -> None:
-  checks = [(rc.steps >= 1, f"--steps={rc.steps}: nothing to train; give --steps >= 1"),
-            (rc.sft_steps is None or rc.sft_steps >= 0,
-             f"--sft_steps={rc.sft_steps} must be >= 0 (0 = no supervised warm-up)"),
-            (rc.sft_batch_size >= 1, f"--sft_batch_size={rc.sft_batch_size} must be >= 1"),
-            (rc.sft_learning_rate > 0, f"--sft_learning_rate={rc.sft_learning_rate} must be > 0"),
-            (rc.eval_every >= 0, f"--eval_every={rc.eval_every} must be >= 0 (0 = off)"),
-            (rc.eval_prompts >= 1, f"--eval_prompts={rc.eval_prompts} must be >= 1"),
-            (rc.prompts_per_step >= 1, f"--prompts_per_step={rc.prompts_per_step} must be >= 1"),
-            (rc.learning_rate > 0, f"--learning_rate={rc.learning_rate} must be > 0")]
-  for ok, message in checks:
-    if not ok:
-      raise ValueError(message)
-  for flag in ("out_dir", "checkpoint_dir", "export_hf"):
-    if getattr(rc, flag):
-      check_directory_path(getattr(rc, flag), f"--{flag}")
-
-
-def _build_task(rc: RecipeConfig, task_args: dict) -> Any:
-  if parse_task_spec(rc.task) is not None:
-    task_args.setdefault("seed", rc.seed)
-  return make_task(rc.task, rc.reward, **task_args)
+def _build_task(rc: RunConfig, task_args: dict) -> Any:
+  if parse_task_spec(rc.task.name) is not None:
+    task_args.setdefault("seed", rc.loop.seed)
+  return make_task(rc.task.name, rc.task.reward, **task_args)
 
 
 def _dataset_lengths(task: DatasetTask, tok) -> tuple[int, int]:
@@ -188,11 +119,11 @@ def _dataset_lengths(task: DatasetTask, tok) -> tuple[int, int]:
   return prompt, 64
 
 
-def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
+def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   """Validates `rc`, fills its defaults and builds its pieces (no JAX computation, no mesh).
 
   Args:
-    rc: the config.
+    rc: the config (a `RecipeConfig`, the flat façade, is turned into its tree).
     task: a task object to use instead of `rc.task` (anything with `problem(i) -> Problem`
       and `reward(problem, completion) -> float`; see `tasks.DatasetTask`).
 
@@ -201,74 +132,56 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
       prompt longer than the context, unknown model or task, missing model files, a reward
       that cannot be imported, out-of-range numbers, output paths that are files).
   """
-  spec = parse_mesh(rc.mesh)
-  if rc.algo not in ALGOS:
-    raise ValueError(f"unknown --algo {rc.algo!r}; choose one of {ALGOS}")
-  if rc.group_size < 2:
-    raise ValueError(
-        f"--group_size={rc.group_size} with --algo={rc.algo}: GRPO-family advantages compare "
-        "samples of the same prompt, so each group needs at least 2 samples")
-  _check_ranges(rc)
+  rc = rc.run_config() if hasattr(rc, "run_config") else rc
+  spec = parse_mesh(rc.distributed.mesh)
+  for path in (rc.output.out_dir, rc.checkpoint.directory, rc.output.export_hf):
+    if path:
+      check_directory_path(path, {rc.output.out_dir: "--out_dir", rc.output.export_hf:
+                                  "--export_hf"}.get(path, "--checkpoint_dir"))
   if task is not None:  # a Python task object: recorded by name (not reproducible from a file)
-    rc = dataclasses.replace(rc, task=str(getattr(task, "name", type(task).__name__)),
-                             task_args="")
-  defaults = TASK_DEFAULTS.get(rc.task, ("", None, None))
-  task_args = defaults[0] if rc.task_args is None else rc.task_args
+    rc = rc.replace(**{"task.name": str(getattr(task, "name", type(task).__name__)),
+                       "task.args": ""})
+  defaults = TASK_DEFAULTS.get(rc.task.name, ("", None, None))
+  task_args = defaults[0] if rc.task.args is None else rc.task.args
   if task is None:
     task = _build_task(rc, parse_task_args(task_args))
   dataset = isinstance(task, DatasetTask)
-  eval_task, eval_indices = task, tuple(range(SYNTHETIC_EVAL_START,
-                                              SYNTHETIC_EVAL_START + rc.eval_prompts))
-  if dataset and rc.eval_every:
-    task, eval_task = task.split(rc.eval_prompts)
-    eval_indices = tuple(range(rc.eval_prompts))
+  n_eval = rc.eval.prompts
+  eval_task, eval_indices = task, tuple(range(SYNTHETIC_EVAL_START, SYNTHETIC_EVAL_START + n_eval))
+  if dataset and rc.eval.every:
+    task, eval_task = task.split(n_eval)
+    eval_indices = tuple(range(n_eval))
   extra = "".join(task.texts()) if dataset else ""
-  model = load_model(rc.model, max_seq_len=64, chat_template=rc.chat_template, extra_chars=extra)
+  model = load_model(rc.model.name, max_seq_len=64, chat_template=rc.model.chat_template,
+                     extra_chars=extra)
   prompt_len, new_tokens = defaults[1:]
   if dataset:
     prompt_len, new_tokens = _dataset_lengths(task, model.tokenizer)
-  rc = dataclasses.replace(
-      rc, task_args=task_args,
-      max_prompt_len=rc.max_prompt_len or prompt_len or 16,
-      max_new_tokens=rc.max_new_tokens or new_tokens or 16)
+  rc = rc.replace(**{"task.args": task_args,
+                     "loop.max_prompt_len": rc.loop.max_prompt_len or prompt_len or 16,
+                     "loop.max_new_tokens": rc.loop.max_new_tokens or new_tokens or 16})
   if model.is_preset:
-    model.config = dataclasses.replace(model.config,
-                                       max_seq_len=rc.max_prompt_len + rc.max_new_tokens)
-  if rc.export_hf and model.is_preset and model.config.moe is not None:
-    raise ValueError(f"--export_hf with --model={rc.model}: the tiny MoE preset has no Hugging "
-                     "Face equivalent (aux-free routing biases, no q/k norms); export works for "
-                     "the dense preset and for Hugging Face models")
+    model.config = dataclasses.replace(model.config, max_seq_len=rc.loop.seq_len)
+  if rc.output.export_hf and model.is_preset and model.config.moe is not None:
+    raise ValueError(f"--export_hf with --model={rc.model.name}: the tiny MoE preset has no "
+                     "Hugging Face equivalent (aux-free routing biases, no q/k norms); export "
+                     "works for the dense preset and for Hugging Face models")
   has_answers = getattr(task, "has_answers", True)
-  if rc.sft_steps is None:
-    rc = dataclasses.replace(rc, sft_steps=PRESET_SFT_STEPS if model.is_preset and has_answers
-                             else 0)
-  elif rc.sft_steps and not has_answers:
-    raise ValueError(f"--sft_steps={rc.sft_steps}: the supervised warm-up trains on reference "
-                     "answers, and the task's rows have none; pass --sft_steps=0")
-  decoupled = rc.mode != "sync"
-  optim = OptimConfig(learning_rate=rc.learning_rate, warmup_steps=rc.lr_warmup_steps,
-                      skip_nonfinite=rc.skip_nonfinite)
-  train = train_config_for_algo(rc.algo, decoupled=decoupled, kl_coef=rc.kl_coef, optim=optim,
-                                temperature=rc.temperature)
-  loop = LoopConfig(steps=rc.steps, prompts_per_step=rc.prompts_per_step,
-                    group_size=rc.group_size, mode=rc.mode, max_staleness=rc.max_staleness,
-                    micro_batch_groups=rc.micro_batch_groups,
-                    dynamic_micro_batching=rc.dynamic_micro_batching,
-                    max_new_tokens=rc.max_new_tokens, max_prompt_len=rc.max_prompt_len,
-                    temperature=rc.temperature, oversample=rc.oversample, seed=rc.seed,
-                    local_workers=rc.local_workers)
-  check_lengths(model.config, loop)
-  encode_prompt(model.tokenizer, task.problem(0).prompt, rc.max_prompt_len)  # fail early
-  identity = {k: getattr(rc, k) for k in IDENTITY_KEYS}
-  identity.update(kl_coef=train.loss.kl_coef, eval_split=rc.eval_prompts if dataset and
-                  rc.eval_every else 0)
-  ckpt = CheckpointConfig(directory=rc.checkpoint_dir, save_every=rc.save_every,
-                          keep=rc.keep_checkpoints, identity=json.loads(json.dumps(identity)))
-  # RolloutSetup's fields are RecipeConfig fields of the same names (flat, flag-facing).
-  rollout = RolloutSetup(**{f.name: getattr(rc, f.name) for f in dataclasses.fields(RolloutSetup)
-                            if hasattr(rc, f.name)})
-  return Recipe(rc, spec, model, CountingTask(task), train, loop, ckpt, rollout, eval_task,
-                eval_indices)
+  if rc.warmup.steps is None:
+    rc = rc.replace(**{"warmup.steps": PRESET_SFT_STEPS if model.is_preset and has_answers
+                       else 0})
+  elif rc.warmup.steps and not has_answers:
+    raise ValueError(f"--sft_steps={rc.warmup.steps}: the supervised warm-up trains on "
+                     "reference answers, and the task's rows have none; pass --sft_steps=0")
+  train = rc.train.train_config(rc.optim, rc.loop)
+  check_lengths(model.config, rc.loop)
+  encode_prompt(model.tokenizer, task.problem(0).prompt, rc.loop.max_prompt_len)  # fail early
+  identity = {k: rc.get(k) for k in IDENTITY_KEYS}
+  identity.update(kl_coef=train.loss.kl_coef, eval_split=n_eval if dataset and rc.eval.every
+                  else 0)
+  ckpt = dataclasses.replace(rc.checkpoint, identity=json.loads(json.dumps(identity)))
+  return Recipe(rc, spec, model, CountingTask(task), train, rc.loop, ckpt, rc.rollout,
+                eval_task, eval_indices)
 
 
 def recipe_mesh(spec: MeshSpec) -> jax.sharding.Mesh:
@@ -284,10 +197,10 @@ def recipe_mesh(spec: MeshSpec) -> jax.sharding.Mesh:
   return make_mesh(spec, devices)
 
 
-def run_name(rc: RecipeConfig) -> str:
+def run_name(rc: RunConfig) -> str:
   """A directory-name prefix for the run ("grpo-arithmetic", "grpo-prompts.jsonl", ...)."""
-  task = os.path.basename(rc.task.split(":", 1)[-1].rstrip("/")) or "task"
-  return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{rc.algo}-{task}")
+  task = os.path.basename(rc.task.name.split(":", 1)[-1].rstrip("/")) or "task"
+  return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{rc.train.algo}-{task}")
 
 
 def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -> RecipeResult:
@@ -304,41 +217,41 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
     DivergenceError: a non-finite loss or gradient (metrics and plot are still written).
   """
   rc, mc, tok = recipe.config, recipe.model.config, recipe.model.tokenizer
-  run_dir = prepare_run_dir(rc.out_dir, overwrite=rc.overwrite, resume=resume) if (
-      rc.out_dir) else None
+  run_dir = prepare_run_dir(rc.output.out_dir, overwrite=rc.output.overwrite, resume=resume) if (
+      rc.output.out_dir) else None
   ckpt = recipe.checkpoint
   if ckpt.directory is None and run_dir is not None:
     ckpt = dataclasses.replace(ckpt, directory=os.path.join(run_dir, "checkpoints"))
-  progress = Progress(rc.steps, rc.progress, messages=messages)
+  progress = Progress(rc.loop.steps, rc.output.progress, messages=messages)
   config_path = run_dir and os.path.join(run_dir, "config.json")
   if run_dir is not None:
     progress.message(f"run directory: {run_dir}")
     if not (resume and os.path.exists(config_path)):  # a resumed run's is replaced at the end
-      write_json(config_path, reproducible(dataclasses.asdict(rc)))
+      write_json(config_path, reproducible(rc))
   mesh = recipe_mesh(recipe.mesh_spec)
 
   def init():
     params = recipe.model.params
     if params is None:
-      params = jax.jit(init_params, static_argnums=0)(mc, jax.random.PRNGKey(rc.seed))
-    if rc.sft_steps:
-      progress.phase(f"supervised warm-up ({rc.sft_steps} steps)")
-    seq = rc.max_prompt_len + rc.max_new_tokens
-    return supervised_warmup(params, mc, recipe.task, tok, steps=rc.sft_steps,
-                             batch_size=rc.sft_batch_size, learning_rate=rc.sft_learning_rate,
+      params = jax.jit(init_params, static_argnums=0)(mc, jax.random.PRNGKey(rc.loop.seed))
+    if rc.warmup.steps:
+      progress.phase(f"supervised warm-up ({rc.warmup.steps} steps)")
+    seq = rc.loop.seq_len
+    return supervised_warmup(params, mc, recipe.task, tok, steps=rc.warmup.steps,
+                             batch_size=rc.warmup.batch_size, learning_rate=rc.warmup.learning_rate,
                              seq_len=seq)
 
   hooks = [recipe.task.metrics_hook] if isinstance(recipe.task, CountingTask) else []
   evaluator = None
-  if rc.eval_every:
+  if rc.eval.every:
     evaluator = PeriodicEval(mc, recipe.eval_task, tok, recipe.eval_indices,
-                             loop_config=recipe.loop, every=rc.eval_every, progress=progress)
+                             loop_config=recipe.loop, every=rc.eval.every, progress=progress)
     hooks.append(evaluator)
   client = None
   if recipe.rollout.rollout == "ray":
     engine = default_engine_config(recipe.loop, recipe.loop.group_size + int(
         recipe.train.advantage.baseline == "median"), tok.eos_id)
-    client = ray_client(recipe.rollout, mc, engine, seed=rc.seed,
+    client = ray_client(recipe.rollout, mc, engine, seed=rc.loop.seed,
                         compile_cache=jax.config.jax_compilation_cache_dir or None)
   loop = RLLoop(mc, recipe.train, recipe.loop, recipe.task, tok, mesh, init_params=init,
                 client=client, checkpoint=ckpt, resume=resume, out_dir=run_dir,
@@ -359,16 +272,18 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
   out.notes += [summary] if summary else []
   if run_dir:
-    write_json(config_path, reproducible(dataclasses.asdict(rc)))
+    write_json(config_path, reproducible(rc))
     save_params(os.path.join(run_dir, "final_params.npz"), result.state.params)
     _plot(recipe, run_dir, result.history)
-  if rc.export_hf and not result.preempted:
+  if rc.output.export_hf and not result.preempted:
     _export(recipe, result.state.params)
-  elif rc.export_hf:
-    out.notes.append(f"run preempted: --export_hf={rc.export_hf} not written (resume to finish)")
+  elif rc.output.export_hf:
+    out.notes.append(f"run preempted: --export_hf={rc.output.export_hf} not written (resume "
+                     "to finish)")
   if run_dir:
     out.outputs = describe_outputs(run_dir, checkpoint_dir=ckpt.directory,
-                                   export_dir=rc.export_hf and os.path.abspath(rc.export_hf))
+                                   export_dir=rc.output.export_hf
+                                   and os.path.abspath(rc.output.export_hf))
   return out
 
 
@@ -377,11 +292,13 @@ def _plot(recipe: Recipe, run_dir: str, history: list[dict]) -> None:
   history = _read_history(run_dir) or history
   plot_history(history, os.path.join(run_dir, "reward_kl.png"),
                (("reward_mean", "eval_reward"), "kl"),
-               title=f"{rc.algo} on {rc.task} ({rc.mode}, mesh {rc.mesh})")
+               title=f"{rc.train.algo} on {rc.task.name} ({rc.loop.mode}, mesh "
+                     f"{rc.distributed.mesh})")
   if recipe.rollout.rollout == "ray":
     plot_history(history, os.path.join(run_dir, "offload.png"),
                  ("t_seed", "live_workers", "time_step"),
-                 title=f"rollout offload ({rc.offload}, {rc.num_workers} Ray workers)")
+                 title=f"rollout offload ({rc.rollout.offload}, {rc.rollout.num_workers} Ray "
+                       "workers)")
 
 
 def _export(recipe: Recipe, params) -> None:
@@ -392,8 +309,8 @@ def _export(recipe: Recipe, params) -> None:
     tok = model.tokenizer
     config = dataclasses.replace(config, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
     files = tok.hf_tokenizer_files()
-  export_hf(rc.export_hf, config, params, tokenizer_dir=model.hf_dir, tokenizer_files=files,
-            overwrite=rc.overwrite)
+  export_hf(rc.output.export_hf, config, params, tokenizer_dir=model.hf_dir, tokenizer_files=files,
+            overwrite=rc.output.overwrite)
 
 
 def save_params(path: str, params) -> None:

@@ -35,18 +35,26 @@ class RolloutSetup:
     weight_store: "memory", "ray" or "tensorstore:PATH_OR_URL"; None = memory for local
       rollout, the Ray object store for Ray workers.
     preempt_trace: a spot trace (Bamboo CSV or Parcae JSON lines) whose adds and removes start
-      and SIGKILL workers; `trace_time_scale` host seconds per trace second, `trace_sample` the
-      fraction of trace nodes kept (seeded, as RLBoost kept 50%).
+      and SIGKILL workers.
+    trace_time_scale: host seconds per trace second (1/60: a trace minute per second).
+    trace_sample: the fraction of the trace's nodes kept (seeded, as RLBoost kept 50%).
     chaos_kill_every: mean seconds between random SIGKILLs of a worker (0 = off; gaps uniform
-      in [0.5, 1.5] x this); a killed worker's slot restarts `chaos_restart_after` s later.
-    worker_cpus, worker_gpus: Ray resources of each worker.
+      in [0.5, 1.5] x this).
+    chaos_restart_after: seconds before a chaos-killed worker's slot restarts.
+    worker_cpus: Ray resources: CPUs per rollout worker.
+    worker_gpus: Ray resources: GPUs per rollout worker.
     worker_token_delay: seconds each Ray worker sleeps per generated token (slow workers on
       purpose, for tests and benchmarks).
-    heartbeat_timeout, startup_timeout, max_attempts, theta: `ManagerConfig` settings.
+    heartbeat_timeout: seconds an exchange with a serving worker may take before the worker
+      counts as lost.
+    startup_timeout: the same for a worker that has no weights yet (process start, first
+      pull, compile).
+    max_attempts: worker losses a request may survive; one more fails the run.
+    theta: requests a worker may hold beyond its free decode slots (delayed dispatch).
     offload: "off", "adaptive" (RLBoost seeding with the feedback controller) or a fixed
       window in seconds ("0": hand everything to the remote workers at once). With Ray workers
       and offload on, the trainer's devices are also a (local) worker.
-    t_seed_init: the controller's first window, seconds.
+    t_seed_init: the controller's first window, seconds (adaptive offload).
   """
   rollout: str = "local"
   num_workers: int = 2

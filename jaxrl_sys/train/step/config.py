@@ -23,7 +23,9 @@ class OptimConfig:
     warmup_steps: linear warm-up from 0 (0 = none).
     decay_steps: length of the whole schedule (warm-up included); 0 = constant after warm-up.
     end_lr_ratio: final learning rate as a fraction of the peak.
-    b1, b2, eps: Adam moments.
+    b1: Adam's first-moment decay.
+    b2: Adam's second-moment decay.
+    eps: Adam's denominator epsilon.
     weight_decay: decoupled weight decay (AdamW).
     grad_clip: global-norm clip; 0 disables it.
     skip_nonfinite: drop an update whose gradient is not finite (`optax.apply_if_finite`)
@@ -44,9 +46,9 @@ class OptimConfig:
 
   def __post_init__(self):
     if not self.learning_rate > 0:
-      raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+      raise ValueError(f"--learning_rate={self.learning_rate} must be > 0")
     if self.schedule not in SCHEDULES:
-      raise ValueError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
+      raise ValueError(f"--optim.schedule={self.schedule!r} is not one of {SCHEDULES}")
     if self.warmup_steps < 0 or self.decay_steps < 0:
       raise ValueError("warmup_steps and decay_steps must be >= 0")
     if self.grad_clip < 0 or self.weight_decay < 0:
