@@ -89,9 +89,12 @@ class AlgoConfig:
     algo: one of grpo | mc_grpo | vcpo | dapo | drgrpo (the loss and advantage presets).
     kl_coef: KL coefficient to the reference policy (None: the algorithm's preset; 0 drops the
       reference copy).
+    remat: recompute the forward pass's activations in the backward pass (less activation
+      memory for longer sequences or larger micro-batches, about a third more compute).
   """
   algo: str = "grpo"
   kl_coef: float | None = None
+  remat: bool = False
 
   def __post_init__(self):
     if self.algo not in ALGOS:

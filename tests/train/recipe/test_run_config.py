@@ -157,3 +157,13 @@ def test_no_settings_restated_between_experiments_and_train():
                 and any(s.startswith("jaxrl_sys/train/") for s in sides)), row
     if any("recipe/run_config.py" in s or "recipe/cli.py" in s for s in sides):
       assert "boilerplate" in row, row
+
+
+def test_train_section_fields_reach_the_step_config():
+  """A field added to the `train` section reaches `TrainConfig` under its name (no wiring)."""
+  from jaxrl_sys.train.recipe import build_recipe  # pylint: disable=import-outside-toplevel
+  from tests.train.common import QUICK  # pylint: disable=import-outside-toplevel
+  for remat in (False, True):
+    recipe = build_recipe(QUICK.run_config().replace(**{"train.remat": remat}))
+    assert recipe.train.remat is remat
+    assert recipe.config.train.remat is remat
