@@ -80,7 +80,7 @@ from jaxrl_sys.train.recipe import cli  # noqa: E402
 
 FLAGS = flags.FLAGS
 # Every run setting: --section.field (help = the field's docstring) and its short alias.
-cli.define_flags(FLAGS)
+cli.define_flags(FLAGS, module_name=sys.argv[0] if __name__ == "__main__" else __name__)
 # How this invocation runs, not what the run computes.
 flags.DEFINE_string("config", None, "YAML or JSON file of settings: the config tree of a run's "
                     "config.json, or flag names (short or section.field) as keys; flags on the "

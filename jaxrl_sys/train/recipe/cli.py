@@ -57,17 +57,25 @@ def flag_help(section: str, field: str) -> str:
   return doc
 
 
-def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """Defines `--section.field` for every setting and the short aliases."""
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS,
+                 module_name: str | None = None) -> None:
+  """Defines `--section.field` for every setting and the short aliases.
+
+  Args:
+    flag_values: where to define them.
+    module_name: the module they are listed under in `--help` (absl lists the main module's;
+      None: this one's, shown by `--helpfull` only).
+  """
   defaults = RunConfig()
   for section, cls in sections().items():
     types = field_types(cls)
     for field in setting_names(cls):
       kind = types[field]
       _DEFINE[kind](f"{section}.{field}", getattr(getattr(defaults, section), field),
-                    flag_help(section, field), flag_values=flag_values)
+                    flag_help(section, field), flag_values=flag_values,
+                    module_name=module_name)
   for short, path in ALIASES.items():
-    flags.DEFINE_alias(short, path, flag_values=flag_values)
+    flags.DEFINE_alias(short, path, flag_values=flag_values, module_name=module_name)
 
 
 def setting_flags() -> list[str]:
