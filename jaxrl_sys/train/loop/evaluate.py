@@ -2,7 +2,7 @@
 so that changes between calls measure the policy, not the data mix.
 
 Generation goes through the same rollout path as training (the in-process engine, sized like
-the loop's by `rollout_setup.default_client`), so evaluation adds no separately compiled programs.
+the loop's by `local_client.default_client`), so evaluation adds no separately compiled programs.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-# Metrics computed from the loss and the gradient of a step (see `train.step.apply`).
+# Metrics computed from the loss and the gradient of a step (see `train.step.update.apply`).
 WATCHED = ("loss", "pg_loss", "grad_norm")
 POLICIES = ("stop", "skip")
 

@@ -20,7 +20,7 @@ Owns every side effect: the rollout client, signals, checkpoints, logs. One iter
 
 The rollout client is any `RolloutClient`; by default a `rollout.RolloutManager` over the
 in-process workers (`rollout.InProcessWorker`, or two `rollout.ThreadWorker`s side by side on a
-CPU host: `LoopConfig.local_workers`), or over Ray workers (see `train.rollout_setup`).
+CPU host: `LoopConfig.local_workers`), or over Ray workers (see `train.recipe.rollout_setup`).
 Time comes from an injected clock; the loop raises when no completion arrives for
 `LoopConfig.stall_timeout` seconds while requests are pending.
 SIGTERM sets a flag: the current step finishes, a checkpoint is forced, and `run` returns

@@ -208,7 +208,7 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
 
   Args:
     recipe: from `build_recipe`.
-    resume: continue from the newest usable checkpoint (see `train.checkpoint`).
+    resume: continue from the newest usable checkpoint (see `train.loop.checkpoint`).
     messages: print the run's messages (run directory, resume decisions) on stderr.
 
   Raises:
