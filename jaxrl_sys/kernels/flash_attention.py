@@ -3,6 +3,11 @@
 Query i may attend key j iff segment_ids[i] == segment_ids[j] != 0 (and j <= i when causal);
 segment id 0 marks padding (left, right, or between packed sequences). Rows with no visible
 key (padding queries) output 0. q head h reads kv head h // (num_q_heads // num_kv_heads).
+
+Implementations (`impl`; "auto" asks `jaxrl_sys.backend`): "pallas" (the flash kernels here),
+"xla" (`attention_reference`), "cudnn" (`jax.nn.dot_product_attention`: cuDNN's fused attention
+on GPU, the GPU choice for bf16/fp16; on other backends it runs that function's XLA
+implementation, which is how the CPU tests check the wrapper).
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jaxrl_sys import backend
 from jaxrl_sys.kernels import dispatch
 from jaxrl_sys.kernels import flash_attention_pallas as fa_pallas
 
@@ -48,6 +54,25 @@ def attention_reference(q, k, v, *, segment_ids=None, causal=True, scale=None):
   return out.reshape(batch, seq, hq, d).astype(q.dtype)
 
 
+def attention_dpa(q, k, v, *, segment_ids=None, causal=True, scale=None, implementation=None):
+  """Same contract as `flash_attention`, through `jax.nn.dot_product_attention`.
+
+  Without segment ids this is the plain causal call (cuDNN's fastest form); with them a
+  `[batch, 1, seq, seq]` visibility mask goes in, and queries with no visible key (segment 0)
+  are zeroed after the call. `implementation`: "cudnn", "xla" or None (jax's choice); default:
+  "cudnn" on GPU, "xla" elsewhere.
+  """
+  if implementation is None:
+    implementation = "cudnn" if backend.platform() == "gpu" else "xla"
+  if segment_ids is None:
+    return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal,
+                                        implementation=implementation)
+  mask = attention_mask(segment_ids, causal)[:, None]
+  out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale,
+                                     implementation=implementation)
+  return jnp.where((segment_ids != 0)[:, :, None, None], out, 0).astype(q.dtype)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _flash(q, k, v, seg, dm, cfg):
   return fa_pallas.forward(q, k, v, seg, dm=dm, cfg=cfg)[0]
@@ -80,7 +105,8 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     segment_ids: `[batch, seq]` int32; 0 = padding. None: one segment, no padding.
     causal: restrict key j to j <= i.
     scale: score scale; default head_dim ** -0.5 (a Python float).
-    impl: "auto" (Pallas on GPU, XLA elsewhere), "pallas" or "xla".
+    impl: "auto" (`jaxrl_sys.backend`: cuDNN on GPU for bf16/fp16 with head_dim <= 128, else
+      Pallas on GPU; XLA elsewhere), "pallas", "xla" or "cudnn" (`attention_dpa`).
     block_q: query tile of the Pallas kernels (power of two, >= 16).
     block_k: key tile of the Pallas kernels (power of two, >= 16).
     interpret: Pallas interpret mode; default True on CPU.
@@ -97,8 +123,11 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   if segment_ids is not None:
     chex.assert_shape(segment_ids, q.shape[:2])
   scale = q.shape[3] ** -0.5 if scale is None else float(scale)
-  if dispatch.resolve_impl(impl) == "xla":
+  which = backend.kernel_impl("flash_attention", impl, dtype=q.dtype, head_dim=q.shape[3])
+  if which == "xla":
     return attention_reference(q, k, v, segment_ids=segment_ids, causal=causal, scale=scale)
+  if which == "cudnn":
+    return attention_dpa(q, k, v, segment_ids=segment_ids, causal=causal, scale=scale)
   cfg = fa_pallas.Config(block_q, block_k, dispatch.resolve_interpret(interpret))
   dm = fa_pallas.dims(q, k, cfg, causal, scale)
   if segment_ids is None:
