@@ -3,6 +3,7 @@
     python -m benchmarks.gpu                 # on a GPU: the issue's shapes (minutes)
     python -m benchmarks.gpu --only kernels  # one section: kernels | decode | train
     python -m benchmarks.gpu --quick         # tiny shapes, seconds on CPU (in the test suite)
+    python -m benchmarks.gpu --only decode --profile /tmp/trace   # + per-op time of decode
 
 Two models built from configs with random bf16 weights (no download): a Qwen2.5-0.5B shape
 (hidden 896, 24 layers, 14/2 heads, mlp 4864, vocab 151936, tied) and a Qwen3-MoE shape (hidden
@@ -19,7 +20,9 @@ Two models built from configs with random bf16 weights (no download): a Qwen2.5-
 - train: one GRPO train step (`train.step.train_step`, fwd+bwd+AdamW) on both models: MFU from
   `train.metrics_log.train_flops_per_token` over the device's bf16 peak;
 - memory: compiled temp bytes (`memory_analysis()`) per row and the allocator's peak
-  (`memory_stats()["peak_bytes_in_use"]`, GPU only) after each section.
+  (`memory_stats()["peak_bytes_in_use"]`, GPU only) after each section;
+- `--profile DIR`: a `jax.profiler` trace of the first decode batch and of the dense train step,
+  summed per op (`benchmarks.gpu_profile`): ms and kernel count per decode step / train step.
 
 Writes benchmarks/results/gpu.json (gpu_quick.json with --quick) with the device name.
 """
@@ -34,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import gpu_profile
 from benchmarks.common import print_table, write_json
 from jaxrl_sys import backend, kernels, models
 from jaxrl_sys.models.config import ModelConfig, MoEConfig
@@ -196,7 +200,7 @@ def _param_bytes(params) -> int:
   return sum(int(a.size) * a.dtype.itemsize for a in jax.tree.leaves(params))
 
 
-def decode_section(s: Sizes, info: dict) -> list[dict]:
+def decode_section(s: Sizes, info: dict, profile: dict | None = None) -> list[dict]:
   c = s.dense
   params = jax.jit(models.init_params, static_argnums=0)(c, jax.random.PRNGKey(0))
   sampling = models.SamplingConfig(temperature=1.0, max_new_tokens=s.new_tokens, stop_tokens=())
@@ -222,6 +226,13 @@ def decode_section(s: Sizes, info: dict) -> list[dict]:
                  "tok_per_s": batch * s.new_tokens / secs, "step_ms": step_ms,
                  "hbm_floor_ms": floor_ms, "roofline_frac": floor_ms / step_ms if bw else None,
                  "compile_s": compile_s, "generated": int(out.lengths.sum())})
+    if profile is not None and batch == s.decode_batches[0]:
+      ops = gpu_profile.profile_ops(lambda: run(jax.random.PRNGKey(2)).tokens, calls=2,
+                                    out_dir=profile["dir"] + f"/decode_b{batch}")
+      for r in ops:   # per decode step (prefill included, spread over the steps)
+        r["ms_per_step"], r["count_per_step"] = (r["ms_per_call"] / s.new_tokens,
+                                                 r["count_per_call"] / s.new_tokens)
+      profile[f"decode_b{batch}"] = ops
   return rows
 
 
@@ -238,7 +249,7 @@ def _train_batch(c: ModelConfig, shape, key):
                     score_start=jnp.full((1, rows), lp - 1, jnp.int32))
 
 
-def train_section(s: Sizes, info: dict) -> list[dict]:
+def train_section(s: Sizes, info: dict, profile: dict | None = None) -> list[dict]:
   # pylint: disable=import-outside-toplevel
   from jaxrl_sys.sharding import make_mesh
   from jaxrl_sys.train import step as step_lib
@@ -264,6 +275,10 @@ def train_section(s: Sizes, info: dict) -> list[dict]:
       tokens = prompts * group * (lp + lr)
       row |= {"step_ms": ms, "fwdbwd_temp_mib": temp,
               "mfu": flops * tokens / (ms / 1e3) / info["peak_flops"]}
+      if profile is not None and f"train {name}" not in profile:
+        step = jax.jit(lambda st, b: fn(st, b)[1]["loss"])
+        profile[f"train {name}"] = gpu_profile.profile_ops(
+            lambda: step(state, batch), calls=2, out_dir=profile["dir"] + "/train")
     except Exception as e:  # pylint: disable=broad-except  # an OOM is the measurement
       row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
     rows.append(row)
@@ -283,20 +298,23 @@ def main(argv=None) -> dict:
   ap.add_argument("--pallas", action="store_true",
                   help="also time the Pallas kernels off GPU (interpret mode: slow)")
   ap.add_argument("--out", default=None, help="results name (default gpu / gpu_quick)")
+  ap.add_argument("--profile", default=None, metavar="DIR",
+                  help="trace the first decode batch and the train step into DIR; per-op table")
   args = ap.parse_args(argv)
   s = sizes(args.quick)
   info = device_info()
   print(f"device {info['device']} ({info['platform']}), auto: {info['auto']}", flush=True)
   sections = args.only or ["kernels", "decode", "train"]
   rows, peaks = [], {}
+  profile = None if args.profile is None else {"dir": args.profile}
   for sec in sections:
     t0, c0 = time.perf_counter(), time.process_time()
     if sec == "kernels":
       rows += kernel_section(s, args.pallas)
     elif sec == "decode":
-      rows += decode_section(s, info)
+      rows += decode_section(s, info, profile)
     else:
-      rows += train_section(s, info)
+      rows += train_section(s, info, profile)
     peaks[sec] = allocator_peak_mib()
     print(f"{sec}: {time.perf_counter() - t0:.1f}s wall, {time.process_time() - c0:.1f}s cpu, "
           f"allocator peak {peaks[sec]} MiB", flush=True)
@@ -304,6 +322,11 @@ def main(argv=None) -> dict:
   print_table(rows, used)
   name = args.out or ("gpu_quick" if args.quick else "gpu")
   payload = {"device": info, "quick": args.quick, "rows": rows, "allocator_peak_mib": peaks}
+  for what, ops in (profile or {}).items():
+    if what != "dir":
+      print(f"profile: {what} (top ops)")
+      print_table(ops[:15])
+      payload.setdefault("profile", {})[what] = ops
   write_json(name, payload)
   return payload
 

@@ -8,7 +8,7 @@ from jaxrl_sys import backend
 
 def test_gpu_benchmark_quick(tmp_path, monkeypatch):
   monkeypatch.setattr(common, "RESULTS_DIR", str(tmp_path))
-  gpu.main(["--quick", "--out", "gpu_test"])
+  gpu.main(["--quick", "--out", "gpu_test", "--profile", str(tmp_path / "trace")])
   saved = json.loads((tmp_path / "gpu_test.json").read_text())
   assert saved["device"]["device"] and saved["device"]["platform"] == "cpu"
   rows = saved["rows"]
@@ -32,3 +32,8 @@ def test_gpu_benchmark_quick(tmp_path, monkeypatch):
   train = [r for r in rows if r["section"] == "train"]
   assert [r["name"] for r in train] == ["grpo step Qwen3-MoE"]
   assert all(0 < r["mfu"] < 1 for r in train)
+  # The per-op profile of the decode and the train step (host process on CPU).
+  assert set(saved["profile"]) == {"decode_b4", "train Qwen3-MoE"}
+  for ops in saved["profile"].values():
+    assert ops and all(o["ms_per_call"] >= 0 and 0 <= o["share"] <= 1 for o in ops)
+    assert sum(o["share"] for o in ops) <= 1 + 1e-6
