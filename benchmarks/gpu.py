@@ -4,6 +4,7 @@
     python -m benchmarks.gpu --only kernels  # one section: kernels | decode | train
     python -m benchmarks.gpu --quick         # tiny shapes, seconds on CPU (in the test suite)
     python -m benchmarks.gpu --only decode --profile /tmp/trace   # + per-op time of decode
+    python -m benchmarks.gpu --only tune     # sweep token_chunk, tile_rows, Pallas gmm tiles
 
 Two models built from configs with random bf16 weights (no download): a Qwen2.5-0.5B shape
 (hidden 896, 24 layers, 14/2 heads, mlp 4864, vocab 151936, tied) and a Qwen3-MoE shape (hidden
@@ -196,6 +197,44 @@ def kernel_section(s: Sizes, with_pallas: bool) -> list[dict]:
   return rows
 
 
+# --tune: the knobs of the GPU paths, swept at the kernel shapes (fwd+bwd time and temp memory).
+GMM_TILINGS = ((64, 64, 64), (128, 64, 64), (128, 64, 128), (128, 128, 128), (64, 128, 128),
+               (256, 64, 128))
+TOKEN_CHUNKS = (128, 256, 512, 1024, 2048)
+TILE_ROWS = (128, 256, 512, 1024)
+
+
+def tune_section(s: Sizes) -> list[dict]:
+  key = jax.random.PRNGKey(0)
+  t, d, v = s.logprobs
+  h = jax.random.normal(key, (t, d), jnp.bfloat16)
+  w = (jax.random.normal(key, (d, v), jnp.float32) * 0.02).astype(jnp.bfloat16)
+  y = jax.random.randint(key, (t,), 0, v)
+  m, dm, f, e = s.gmm
+  x = jax.random.normal(key, (m, dm), jnp.bfloat16)
+  wt = (jax.random.normal(key, (e, dm, f), jnp.float32) * 0.02).astype(jnp.bfloat16)
+  sizes_ = jnp.full((e,), m // e, jnp.int32)
+  cases = [("fused_logprobs", f"token_chunk={c}", (h, w, y),
+            functools.partial(kernels.fused_logprobs, impl="xla_tokens", token_chunk=c))
+           for c in TOKEN_CHUNKS if c <= t]
+  cases += [("grouped_matmul", f"xla_tiled tile_rows={r}", (x, wt),
+             lambda x, w, r=r: kernels.grouped_matmul(x, w, sizes_, impl="xla_tiled", tile_rows=r))
+            for r in TILE_ROWS if r <= m]
+  if backend.platform() == "gpu":   # Pallas tiles (interpret mode elsewhere says nothing)
+    cases += [("grouped_matmul", f"pallas tiling={tl}", (x, wt),
+               lambda x, w, tl=tl: kernels.grouped_matmul(x, w, sizes_, impl="pallas", tiling=tl))
+              for tl in GMM_TILINGS]
+  rows = []
+  for kernel, knob, args, fn in cases:
+    row = {"section": "tune", "name": kernel, "impl": knob}
+    try:
+      row["fwdbwd_ms"], row["fwdbwd_temp_mib"] = measure(_fwd_bwd(fn), *args, repeats=s.repeats)
+    except Exception as e:  # pylint: disable=broad-except
+      row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+    rows.append(row)
+  return rows
+
+
 def _param_bytes(params) -> int:
   return sum(int(a.size) * a.dtype.itemsize for a in jax.tree.leaves(params))
 
@@ -293,7 +332,7 @@ COLUMNS = ("section", "name", "impl", "auto", "shape", "fwd_ms", "fwdbwd_ms", "f
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--quick", action="store_true", help="tiny shapes: seconds on CPU")
-  ap.add_argument("--only", choices=("kernels", "decode", "train"), action="append",
+  ap.add_argument("--only", choices=("kernels", "decode", "train", "tune"), action="append",
                   help="run only these sections (repeatable); default all")
   ap.add_argument("--pallas", action="store_true",
                   help="also time the Pallas kernels off GPU (interpret mode: slow)")
@@ -313,6 +352,8 @@ def main(argv=None) -> dict:
       rows += kernel_section(s, args.pallas)
     elif sec == "decode":
       rows += decode_section(s, info, profile)
+    elif sec == "tune":
+      rows += tune_section(s)
     else:
       rows += train_section(s, info, profile)
     peaks[sec] = allocator_peak_mib()
