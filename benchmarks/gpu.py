@@ -182,6 +182,16 @@ def kernel_section(s: Sizes, with_pallas: bool) -> list[dict]:
   rows += _kernel_rows("flash_attention", f"B{b} S{sq} Hq{hq} Hkv{hkv} D{dh} bf16 causal",
                        variants, (q, k, vv), 2 * 2 * b * hq * sq * sq * dh / 2, "xla", auto, s,
                        fwd_bwd=grads)
+  if not s.quick:   # the train batches' layout: right-padded rows (3/4 of the rows shorter)
+    seg = (jnp.arange(sq)[None, :] < jnp.array([sq, sq * 3 // 4, sq // 2, sq // 4] * (b // 4)
+                                               + [sq] * (b % 4))[:, None]).astype(jnp.int32)
+    variants = {i: functools.partial(kernels.flash_attention, impl=i, segment_ids=seg)
+                for i in impls}
+    grads = {i: jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v).astype(jnp.float32)),
+                         (0, 1, 2)) for i, f in variants.items()}
+    rows += _kernel_rows("flash_attention", f"B{b} S{sq} Hq{hq} Hkv{hkv} D{dh} bf16 right-padded",
+                         variants, (q, k, vv), 2 * 2 * b * hq * sq * sq * dh / 2, "xla", auto, s,
+                         fwd_bwd=grads)
   # Grouped matmul (equal groups, so the einsum reference does the same work).
   m, dm, f, e = s.gmm
   x = jax.random.normal(key, (m, dm), jnp.bfloat16)

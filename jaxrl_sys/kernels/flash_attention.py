@@ -57,20 +57,39 @@ def attention_reference(q, k, v, *, segment_ids=None, causal=True, scale=None):
 def attention_dpa(q, k, v, *, segment_ids=None, causal=True, scale=None, implementation=None):
   """Same contract as `flash_attention`, through `jax.nn.dot_product_attention`.
 
-  Without segment ids this is the plain causal call (cuDNN's fastest form); with them a
-  `[batch, 1, seq, seq]` visibility mask goes in, and queries with no visible key (segment 0)
-  are zeroed after the call. `implementation`: "cudnn", "xla" or None (jax's choice); default:
-  "cudnn" on GPU, "xla" elsewhere.
+  Without segment ids this is the plain causal call. With them, rows that hold one segment
+  followed by right padding (the train batches' layout) go through cuDNN's own padding mask
+  (`query_seq_lengths`, no bias tensor); any other layout (left padding, packed segments) runs
+  the Pallas flash kernel on GPU (cuDNN would need a `[batch, 1, seq, seq]` bias and its
+  gradient) and a visibility mask elsewhere. The choice is a `lax.cond` on the whole batch.
+  Queries with no visible key (segment 0) output 0. `implementation`: "cudnn", "xla" or None
+  (jax's choice); default "cudnn" on GPU, "xla" elsewhere.
   """
   if implementation is None:
     implementation = "cudnn" if backend.platform() == "gpu" else "xla"
   if segment_ids is None:
     return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal,
                                         implementation=implementation)
-  mask = attention_mask(segment_ids, causal)[:, None]
-  out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale,
-                                     implementation=implementation)
-  return jnp.where((segment_ids != 0)[:, :, None, None], out, 0).astype(q.dtype)
+  seg = segment_ids.astype(jnp.int32)
+  lengths = jnp.sum(seg != 0, axis=1).astype(jnp.int32)
+  prefix = jnp.arange(seg.shape[1])[None, :] < lengths[:, None]
+  one_segment = jnp.all((seg != 0) == prefix) & jnp.all((seg == 0) | (seg == seg[:, :1]))
+  one_segment = one_segment & jnp.all(lengths > 0)
+
+  def padded(q, k, v):
+    return jax.nn.dot_product_attention(
+        q, k, v, scale=scale, is_causal=causal, query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths, implementation=implementation)
+
+  def general(q, k, v):
+    if implementation == "cudnn":
+      return flash_attention(q, k, v, segment_ids=seg, causal=causal, scale=scale, impl="pallas")
+    mask = attention_mask(seg, causal)[:, None]
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale,
+                                        implementation=implementation)
+
+  out = jax.lax.cond(one_segment, padded, general, q, k, v)
+  return jnp.where((seg != 0)[:, :, None, None], out, 0).astype(q.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
