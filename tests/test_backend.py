@@ -83,3 +83,12 @@ def test_import_is_cheap():
   code = "import sys, jaxrl_sys.backend; print('jax' in sys.modules)"
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "False"
+
+
+def test_moe_config_names_the_grouped_matmul_impls():
+  from jaxrl_sys.models.config import MoEConfig  # pylint: disable=import-outside-toplevel
+  assert MoEConfig().grouped_matmul_impl == "auto"
+  for impl in backend.KERNELS["grouped_matmul"]:
+    MoEConfig(grouped_matmul_impl=impl)
+  with pytest.raises(ValueError, match="grouped_matmul_impl"):
+    MoEConfig(grouped_matmul_impl="triton")

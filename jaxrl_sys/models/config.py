@@ -84,6 +84,7 @@ class MoEConfig:
                "balancing": ("none", "aux_loss", "aux_free", "bip"),
                "bip_rule": ("midpoint", "kth"),
                "ep_dispatch": ("dense", "ragged", "ragged_emulated"),
+               "grouped_matmul_impl": ("auto", "pallas", "xla", "xla_tiled"),
                "implementation": ("auto", "ragged", "slots", "segments", "blocked",
                                   "dense", "expert_parallel")}
     for name, ok in choices.items():
