@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import threading
 
-import jax
 
+from jaxrl_sys import backend
 from jaxrl_sys.models import ModelConfig, SamplingConfig
 from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.config import EngineConfig
@@ -21,7 +20,7 @@ from jaxrl_sys.rollout.worker import InProcessWorker
 from jaxrl_sys.train.loop.config import LoopConfig
 
 # Auto mode splits the in-process rollout over two engines only when each keeps this many slots.
-MIN_SLOTS_PER_LOCAL_WORKER = 32
+MIN_SLOTS_PER_LOCAL_WORKER = backend.MIN_SLOTS_PER_LOCAL_ENGINE
 
 
 def check_lengths(model_config: ModelConfig, loop: LoopConfig) -> None:
@@ -50,12 +49,7 @@ def local_worker_count(loop: LoopConfig, num_slots: int) -> int:
   with at least two cores when each keeps at least `MIN_SLOTS_PER_LOCAL_WORKER` slots (one
   engine's small decode ops leave a core idle a third of the time there; see
   `rollout.thread_worker`), else one (an accelerator runs one engine's batch best)."""
-  if loop.local_workers:
-    return min(loop.local_workers, num_slots)
-  if (jax.default_backend() == "cpu" and (os.cpu_count() or 1) >= 2
-      and num_slots >= 2 * MIN_SLOTS_PER_LOCAL_WORKER):
-    return 2
-  return 1
+  return backend.local_engine_count(loop.local_workers, num_slots)
 
 
 def default_client(model_config: ModelConfig, params, loop: LoopConfig, eos_id: int, version: int,

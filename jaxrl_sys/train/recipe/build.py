@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxrl_sys import backend
 from jaxrl_sys.models import init_params
 from jaxrl_sys.sharding import MeshSpec, make_mesh, parse_mesh
 from jaxrl_sys.tasks import CountingTask, DatasetTask, make_task, parse_task_spec
@@ -187,13 +188,10 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
 def recipe_mesh(spec: MeshSpec) -> jax.sharding.Mesh:
   """The mesh on the default backend, or on CPU devices when the accelerator has too few
   (CPU devices are faked by `--xla_force_host_platform_device_count`)."""
-  devices = jax.devices()
-  if spec.size > len(devices) and jax.default_backend() != "cpu":
-    cpus = jax.devices("cpu")
-    if len(cpus) >= spec.size:
-      log.warning("mesh %s needs %d devices, %d %s present: using %d CPU devices", spec,
-                  spec.size, len(devices), jax.default_backend(), spec.size)
-      devices = cpus
+  devices = backend.mesh_devices(spec.size)
+  if devices[0].platform == "cpu" and backend.platform() != "cpu":
+    log.warning("mesh %s needs %d devices, %d %s present: using %d CPU devices", spec,
+                spec.size, len(jax.devices()), backend.platform(), spec.size)
   return make_mesh(spec, devices)
 
 

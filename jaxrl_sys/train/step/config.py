@@ -68,7 +68,8 @@ class TrainConfig:
     temperature: sampling temperature; logprobs are recomputed at it.
     ess_lr_scaling: VCPO: scale the learning rate by the effective sample size.
     ess_rule, base_ess_ratio: see `losses.ess_lr_scale`.
-    logprob_impl: "auto" | "pallas" | "xla" for `kernels.fused_logprobs`.
+    logprob_impl: "auto" | "pallas" | "xla" | "xla_tokens" for `kernels.fused_logprobs` ("auto":
+      `jaxrl_sys.backend`, token chunks on GPU, vocabulary chunks elsewhere).
     logprob_chunk: vocabulary chunk of the fused op's XLA path.
     remat: rematerialise the forward pass in the backward pass (saves activation memory).
     unroll_layers_max: unroll the training forward's layer loop for models with at most this
