@@ -17,7 +17,13 @@ non-finite loss or gradient stops the run with exit 3 (or is skipped with --skip
 
 --mesh=AxB on a machine without that many accelerators fakes A*B CPU devices: the flag is read
 from argv (or the --config file) before JAX initialises
-(XLA_FLAGS=--xla_force_host_platform_device_count).
+(XLA_FLAGS=--xla_force_host_platform_device_count); with --num_processes=N each process fakes
+A*B/N of them.
+
+Several processes (one per host, each running the same command) form one JAX job with
+--coordinator_address=HOST:PORT --num_processes=N --process_id=I, or with no flags under SLURM,
+Open MPI, a TPU pod slice or Kubernetes (detected); the mesh spans all their devices. See
+docs/multihost.md.
 """
 from __future__ import annotations
 
@@ -36,16 +42,22 @@ def _flag_value(argv: list[str], name: str) -> str | None:
   return None
 
 
-def _early_mesh_size(argv: list[str]) -> int | None:
-  """The device count of --mesh in argv, else of `mesh` in the --config file (None if absent
-  or malformed; validated later)."""
-  value = _flag_value(argv, "mesh")
+def _early_value(argv: list[str], name: str):
+  """--name in argv, else `name` in the --config file (None if absent or unreadable)."""
+  value = _flag_value(argv, name)
   if value is None and _flag_value(argv, "config"):
     from jaxrl_sys.train.config_file import read_config_file  # pylint: disable=import-outside-toplevel
     try:
-      value = read_config_file(_flag_value(argv, "config")).get("mesh")
+      value = read_config_file(_flag_value(argv, "config")).get(name)
     except ValueError:
       return None
+  return value
+
+
+def _early_mesh_size(argv: list[str]) -> int | None:
+  """The device count of --mesh in argv, else of `mesh` in the --config file (None if absent
+  or malformed; validated later)."""
+  value = _early_value(argv, "mesh")
   if value is None:
     return None
   # Importing jax does not start its backend, so XLA_FLAGS can still be set afterwards.
@@ -56,9 +68,26 @@ def _early_mesh_size(argv: list[str]) -> int | None:
     return None
 
 
+def _early_process_count(argv: list[str]) -> int:
+  """--num_processes (argv or --config), else the detected cluster's process count, else 1."""
+  value = _early_value(argv, "num_processes")
+  try:
+    if value is not None and int(value) >= 1:
+      return int(value)
+  except ValueError:
+    return 1
+  from jaxrl_sys.train.distributed import detect_cluster  # pylint: disable=import-outside-toplevel
+  found = detect_cluster()
+  return found[1] if found else 1
+
+
 def _fake_cpu_devices(argv: list[str]) -> None:
-  """Sets the CPU device count for --mesh unless XLA_FLAGS already sets one (before jax)."""
+  """Sets the CPU device count for --mesh unless XLA_FLAGS already sets one (before jax): the
+  mesh's devices, or this process's share of them when several processes form the job."""
   size = _early_mesh_size(argv)
+  if size:
+    processes = _early_process_count(argv)
+    size = size // processes if size % processes == 0 else size
   flags = os.environ.get("XLA_FLAGS", "")
   if size and size > 1 and "xla_force_host_platform_device_count" not in flags:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={size}".strip()
@@ -166,6 +195,18 @@ flags.DEFINE_string("offload", _RC.offload,
 flags.DEFINE_float("t_seed_init", _RC.t_seed_init, "First seeding window (adaptive offload).")
 flags.DEFINE_float("worker_cpus", _RC.worker_cpus, "Ray resources: CPUs per rollout worker.")
 flags.DEFINE_float("worker_gpus", _RC.worker_gpus, "Ray resources: GPUs per rollout worker.")
+flags.DEFINE_string("coordinator_address", None,
+                    "Multi-process job: process 0's HOST:PORT, the same on every process "
+                    "(default: from SLURM / Open MPI / TPU / Kubernetes when detected).")
+flags.DEFINE_integer("num_processes", None, "Multi-process job: processes in all (one per "
+                     "host; default: detected, else 1).")
+flags.DEFINE_integer("process_id", None, "Multi-process job: this process's index, 0 .. "
+                     "num_processes-1 (default: detected).")
+flags.DEFINE_string("local_device_ids", None, "Multi-process job: this process's local "
+                    "accelerators, e.g. 0,1 (default: all; one per task under SLURM/Open MPI).")
+flags.DEFINE_float("distributed_timeout", _RC.distributed_timeout,
+                   "Multi-process job: seconds after which a silent process counts as lost; the "
+                   "others then exit (status 4) naming it. Also the start-up timeout.")
 flags.DEFINE_float("worker_token_delay", _RC.worker_token_delay,
                    "Seconds each Ray worker sleeps per token (slow workers, for experiments).")
 
@@ -197,9 +238,24 @@ def recipe_from_flags():
   if FLAGS.resume and not (rc.out_dir or rc.checkpoint_dir):
     raise ValueError("--resume needs the run to continue: its --out_dir (or --checkpoint_dir)")
   if not rc.out_dir:
+    from jaxrl_sys.train.multihost import share_from_main  # pylint: disable=import-outside-toplevel
     from jaxrl_sys.train.run_dir import new_run_dir  # pylint: disable=import-outside-toplevel
-    rc = dataclasses.replace(rc, out_dir=new_run_dir("runs", run_name(rc)))
+    rc = dataclasses.replace(rc, out_dir=share_from_main(
+        "run_dir", lambda: new_run_dir("runs", run_name(rc))))
   return rc
+
+
+def join_job():
+  """Joins the multi-process job the flags (or the environment) describe, before JAX starts
+  (`train.distributed.initialize`); returns its watchdog (None for one process)."""
+  from jaxrl_sys.train import distributed  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.recipe import RecipeConfig  # pylint: disable=import-outside-toplevel
+  if FLAGS.config:
+    apply_config_file(FLAGS.config)
+  names = ("coordinator_address", "num_processes", "process_id", "local_device_ids",
+           "distributed_timeout")
+  rc = RecipeConfig(**{n: FLAGS[n].value for n in names})
+  return distributed.initialize(rc.distributed())
 
 
 def main(argv):
@@ -214,6 +270,32 @@ def main(argv):
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   absl_logging.set_verbosity(absl_logging.WARNING)
   try:
+    watchdog = join_job()
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  try:
+    code = _train(jax, recipe_lib, DivergenceError)
+  except Exception as e:  # pylint: disable=broad-except
+    if watchdog is None:
+      raise
+    # A failed collective most likely means a lost peer: name it once the watchdog knows (its
+    # thread then ends the process). Any other error ends the peers too.
+    runtime = "RuntimeError" in type(e).__name__
+    lost = watchdog.lost(wait=watchdog.timeout if runtime else 0.0)
+    watchdog.finish(error=lost or f"{type(e).__name__}: {str(e)[:200]}")
+    if lost:
+      print(f"error: {lost}", file=sys.stderr, flush=True)
+      os._exit(4)  # pylint: disable=protected-access
+    raise
+  if watchdog is not None:
+    watchdog.finish(error=None if code == 0 else f"exit status {code}")
+  return code
+
+
+def _train(jax, recipe_lib, DivergenceError):  # pylint: disable=invalid-name
+  """Builds and runs the recipe; returns the exit status."""
+  try:
     rc = recipe_from_flags()
     print(f"loading model {rc.model!r} and task {rc.task!r}", file=sys.stderr)
     recipe = recipe_lib.build_recipe(rc)
@@ -226,6 +308,8 @@ def main(argv):
     return 2
   last = result.history[-1] if result.history else {}
   status = "preempted (checkpoint saved)" if result.preempted else "done"
+  if jax.process_count() > 1:
+    status = f"process {jax.process_index()}/{jax.process_count()}: {status}"
   line = (f"{status}: step {int(jax.device_get(result.state.step))}/{recipe.config.steps}, "
           f"reward {last.get('reward_mean', float('nan')):.3f}")
   if "eval_reward" in last:

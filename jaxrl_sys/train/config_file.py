@@ -13,7 +13,11 @@ import os
 from typing import Any, Iterable, Mapping
 
 # RecipeConfig fields that say where a run writes, not what it computes.
-LOCATION_KEYS = ("out_dir", "checkpoint_dir", "export_hf", "overwrite", "progress")
+# Where a run writes and how this launch is placed (the processes of a multi-process job:
+# the run is the same whatever their number), not what it trains.
+LOCATION_KEYS = ("out_dir", "checkpoint_dir", "export_hf", "overwrite", "progress",
+                 "coordinator_address", "num_processes", "process_id", "local_device_ids",
+                 "distributed_timeout")
 
 
 def read_config_file(path: str) -> dict[str, Any]:

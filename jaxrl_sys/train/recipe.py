@@ -33,8 +33,10 @@ from jaxrl_sys.tasks import CountingTask, DatasetTask, make_task, parse_task_spe
 from jaxrl_sys.train.config import (ALGOS, CheckpointConfig, LoopConfig, OptimConfig, TrainConfig,
                                     train_config_for_algo)
 from jaxrl_sys.train.config_file import reproducible
+from jaxrl_sys.train.distributed import DistributedConfig, parse_device_ids
 from jaxrl_sys.train.groups import encode_prompt
 from jaxrl_sys.train.guard import DivergenceError
+from jaxrl_sys.train import multihost
 from jaxrl_sys.train.loop import RLLoop, RunResult
 from jaxrl_sys.train.rollout_setup import check_lengths, default_engine_config
 from jaxrl_sys.train.metrics_log import Progress, plot_history
@@ -111,6 +113,18 @@ class RecipeConfig:
   worker_gpus: float = 0.0
   offload: str = "off"
   t_seed_init: float = 2.0
+  coordinator_address: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
+  local_device_ids: str | None = None
+  distributed_timeout: float = 120.0
+
+  def distributed(self) -> DistributedConfig:
+    """The multi-process settings (`train.distributed.DistributedConfig`); validates them."""
+    return DistributedConfig(coordinator_address=self.coordinator_address,
+                             num_processes=self.num_processes, process_id=self.process_id,
+                             local_device_ids=parse_device_ids(self.local_device_ids),
+                             timeout=self.distributed_timeout)
 
 
 def parse_task_args(text: str) -> dict[str, Any]:
@@ -274,6 +288,14 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
 def recipe_mesh(spec: MeshSpec) -> jax.sharding.Mesh:
   """The mesh on the default backend, or on CPU devices when the accelerator has too few
   (CPU devices are faked by `--xla_force_host_platform_device_count`)."""
+  if jax.process_count() > 1:  # the mesh spans every process's devices, each a block of it
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    if spec.size != len(devices):
+      raise ValueError(
+          f"--mesh={spec} has {spec.size} devices but the {jax.process_count()} processes hold "
+          f"{len(devices)} ({jax.local_device_count()} each): a multi-process mesh uses every "
+          "device; on CPU each process fakes mesh size / --num_processes devices")
+    return make_mesh(spec, devices)
   devices = jax.devices()
   if spec.size > len(devices) and jax.default_backend() != "cpu":
     cpus = jax.devices("cpu")
@@ -304,14 +326,22 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
     DivergenceError: a non-finite loss or gradient (metrics and plot are still written).
   """
   rc, mc, tok = recipe.config, recipe.model.config, recipe.model.tokenizer
-  run_dir = prepare_run_dir(rc.out_dir, overwrite=rc.overwrite, resume=resume) if (
-      rc.out_dir) else None
+  # Several processes: process 0 alone writes the run's files (the checkpoints excepted).
+  main = multihost.is_main()
+  if jax.process_count() > 1 and recipe.rollout.rollout != "local":
+    raise ValueError(f"--rollout={recipe.rollout.rollout} with {jax.process_count()} "
+                     "processes: a multi-process run uses each process's own co-located "
+                     "engine; use --rollout=local (Ray rollout is single-process only)")
+  run_dir = (multihost.run_on_main(
+      lambda: prepare_run_dir(rc.out_dir, overwrite=rc.overwrite, resume=resume),
+      "prepare the run directory") or os.path.abspath(os.path.expanduser(rc.out_dir))
+             ) if rc.out_dir else None
   ckpt = recipe.checkpoint
   if ckpt.directory is None and run_dir is not None:
     ckpt = dataclasses.replace(ckpt, directory=os.path.join(run_dir, "checkpoints"))
-  progress = Progress(rc.steps, rc.progress, messages=messages)
+  progress = Progress(rc.steps, rc.progress and main, messages=messages and main)
   config_path = run_dir and os.path.join(run_dir, "config.json")
-  if run_dir is not None:
+  if run_dir is not None and main:
     progress.message(f"run directory: {run_dir}")
     if not (resume and os.path.exists(config_path)):  # a resumed run's is replaced at the end
       write_json(config_path, reproducible(dataclasses.asdict(rc)))
@@ -324,16 +354,19 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
     if rc.sft_steps:
       progress.phase(f"supervised warm-up ({rc.sft_steps} steps)")
     seq = rc.max_prompt_len + rc.max_new_tokens
-    return supervised_warmup(params, mc, recipe.task, tok, steps=rc.sft_steps,
-                             batch_size=rc.sft_batch_size, learning_rate=rc.sft_learning_rate,
-                             seq_len=seq)
+    params = supervised_warmup(params, mc, recipe.task, tok, steps=rc.sft_steps,
+                               batch_size=rc.sft_batch_size, learning_rate=rc.sft_learning_rate,
+                               seq_len=seq)
+    # Several processes: the same host values on each, placed on the global mesh from there.
+    return jax.device_get(params) if jax.process_count() > 1 else params
 
   hooks = [recipe.task.metrics_hook] if isinstance(recipe.task, CountingTask) else []
   evaluator = None
   if rc.eval_every:
     evaluator = PeriodicEval(mc, recipe.eval_task, tok, recipe.eval_indices,
                              loop_config=recipe.loop, every=rc.eval_every, progress=progress)
-    hooks.append(evaluator)
+    hooks.append(multihost.local_hook(evaluator, mesh) if jax.process_count() > 1
+                 else evaluator)
   client = None
   if recipe.rollout.rollout == "ray":
     engine = default_engine_config(recipe.loop, recipe.loop.group_size + int(
@@ -346,7 +379,7 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   try:
     result = loop.run()
   except DivergenceError:
-    if run_dir:
+    if run_dir and main:
       _plot(recipe, run_dir, [])
     raise
   finally:
@@ -358,15 +391,19 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
                      run_dir=run_dir)
   summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
   out.notes += [summary] if summary else []
-  if run_dir:
+  params = result.state.params
+  if jax.process_count() > 1 and (run_dir or rc.export_hf):
+    params = multihost.gather_to_host(params)  # a collective: every process takes part
+  if run_dir and main:
     write_json(config_path, reproducible(dataclasses.asdict(rc)))
-    save_params(os.path.join(run_dir, "final_params.npz"), result.state.params)
+    save_params(os.path.join(run_dir, "final_params.npz"), params)
     _plot(recipe, run_dir, result.history)
-  if rc.export_hf and not result.preempted:
-    _export(recipe, result.state.params)
-  elif rc.export_hf:
+  if rc.export_hf and not result.preempted and main:
+    _export(recipe, params)
+  elif rc.export_hf and main:
     out.notes.append(f"run preempted: --export_hf={rc.export_hf} not written (resume to finish)")
-  if run_dir:
+  multihost.sync("run_outputs")
+  if run_dir and main:
     out.outputs = describe_outputs(run_dir, checkpoint_dir=ckpt.directory,
                                    export_dir=rc.export_hf and os.path.abspath(rc.export_hf))
   return out
