@@ -152,8 +152,8 @@ COVERAGE = {
         Run(f"{_CMDS}::test_cheap_commands_run", "--max_steps=2 --jobs=1"),
     _TWO + " --process_id=0": Mapped(
         f"{_MULTI}::test_two_processes_match_one_process_and_only_process_0_writes",
-        "both commands together, a free port on 127.0.0.1, the run directory in a temporary "
-        "directory"),
+        "both commands together (a free port on 127.0.0.1, the run directory in a temporary "
+        "directory), SIGTERM to process 1 after step 1, then both again with --resume"),
     _TWO + " --process_id=1": Mapped(
         f"{_MULTI}::test_two_processes_match_one_process_and_only_process_0_writes",
         "both commands together, as above"),
