@@ -14,6 +14,7 @@ live in `train.multihost`.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import sys
@@ -136,6 +137,9 @@ def initialize(config: DistributedConfig, *, watchdog: bool = True) -> "Watchdog
                 local_device_ids=list(config.local_device_ids) if config.local_device_ids
                 else None,
                 initialization_timeout=timeout, heartbeat_timeout_seconds=timeout)
+  # Newer JAX releases may drop or rename the timeout arguments: pass what this one takes.
+  accepted = inspect.signature(jax.distributed.initialize).parameters
+  kwargs = {k: v for k, v in kwargs.items() if k in accepted}
   try:
     jax.distributed.initialize(**kwargs)
   except Exception as e:  # pylint: disable=broad-except

@@ -151,7 +151,7 @@ class RLLoop:
     # its own co-located rollout engine (`train.multihost`); process 0 alone writes metrics.
     self.hosts = None
     if multihost.spans_processes(mesh):
-      _check_multiprocess(loop_config, client, offload)
+      multihost.check_loop_settings(loop_config, client, offload)
       self.hosts = multihost.ProcessGroup(mesh, rules, self.samples,
                                           loop_config.micro_batch_groups,
                                           self.fns.min_groups(self.samples))
@@ -441,8 +441,8 @@ class RLLoop:
     return RunResult(state, history, preempted, resumed)
 
   def _metrics(self, metrics, stats: StepStats, t_roll, t_train, t_step, version) -> dict:
-    rewards, lengths, stopped, versions = stats.rewards, stats.lengths, stats.stopped, \
-        stats.versions
+    rewards, lengths, stopped, versions = (stats.rewards, stats.lengths, stats.stopped,
+                                           stats.versions)
     gen_tokens = int(lengths.sum())
     trained_positions = stats.trained_positions
     row = {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist())
@@ -484,15 +484,3 @@ class RLLoop:
     if old is not None and threading.current_thread() is threading.main_thread():
       signal.signal(signal.SIGTERM, old)
 
-
-def _check_multiprocess(loop: LoopConfig, client, offload) -> None:
-  """Raises ValueError for settings a mesh spanning several processes does not support."""
-  if loop.mode != "sync" or extra_groups(loop):
-    raise ValueError(
-        f"a mesh spanning {jax.process_count()} processes trains with --mode=sync and "
-        f"--oversample=1 (got --mode={loop.mode}, --oversample={loop.oversample:g}): each "
-        "step's groups must be fixed in advance so every process knows its rows")
-  if client is not None or offload is not None:
-    raise ValueError(f"a mesh spanning {jax.process_count()} processes uses each process's "
-                     "own in-process rollout (--rollout=local); Ray rollout and offload are "
-                     "single-process only")

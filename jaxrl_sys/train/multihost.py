@@ -29,6 +29,7 @@ import numpy as np
 
 from jaxrl_sys.train import batch as batch_lib
 from jaxrl_sys.train.groups import score_groups
+from jaxrl_sys.train.rollout_setup import extra_groups
 from jaxrl_sys.train.step import batch_sharding
 from jaxrl_sys.train.step_stats import StepStats
 
@@ -203,6 +204,21 @@ def row_block(mesh: jax.sharding.Mesh, rows: int, rules) -> tuple[int, int]:
                        "not one block; order the mesh devices by process")
     stop = max(stop, b)
   return start, stop
+
+
+def check_loop_settings(loop, client, offload) -> None:
+  """Raises ValueError for `RLLoop` settings a mesh spanning several processes does not
+  support: each step's groups must be fixed in advance (sync mode, no over-provisioning), and
+  rollout is each process's own in-process engine (no external client, no offload)."""
+  if loop.mode != "sync" or extra_groups(loop):
+    raise ValueError(
+        f"a mesh spanning {jax.process_count()} processes trains with --mode=sync and "
+        f"--oversample=1 (got --mode={loop.mode}, --oversample={loop.oversample:g}): each "
+        "step's groups must be fixed in advance so every process knows its rows")
+  if client is not None or offload is not None:
+    raise ValueError(f"a mesh spanning {jax.process_count()} processes uses each process's "
+                     "own in-process rollout (--rollout=local); Ray rollout and offload are "
+                     "single-process only")
 
 
 @dataclasses.dataclass
