@@ -78,13 +78,17 @@ def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
 
-def _publish(client, state: TrainState, version: int, mesh=None) -> None:
-  """Publishes the parameters as they are (the train step does not donate them, so the
-  in-memory store shares them with the engine) and a copy of the MoE state (donated). With
-  `mesh` (one spanning several processes) this process's engine gets its local copy."""
+def _weights(state: TrainState, mesh=None):
+  """The parameters as they are (the train step does not donate them, so the in-memory store
+  shares them with the engine) and a copy of the MoE state (donated). With `mesh` (one
+  spanning several processes): this process's local view of both, for its own engine."""
   params, moe = state.params, _copy(state.moe_state)
-  if mesh is not None:
-    params, moe = multihost.localize((params, moe), mesh)
+  return (params, moe) if mesh is None else multihost.localize((params, moe), mesh)
+
+
+def _publish(client, state: TrainState, version: int, mesh=None) -> None:
+  """Publishes `_weights(state, mesh)` as `version`."""
+  params, moe = _weights(state, mesh)
   client.publish_weights(params, version, moe)
 
 
@@ -374,9 +378,7 @@ class RLLoop:
     step = int(jax.device_get(state.step))
     client = self._client
     if client is None:
-      params, moe = state.params, _copy(state.moe_state)
-      if self.hosts is not None:
-        params, moe = multihost.localize((params, moe), self.mesh)
+      params, moe = _weights(state, self._publish_mesh)
       client = default_client(self.mc, params, self.lc, self.tok.eos_id, step, self.samples,
                               self._engine_config, moe, warmup=self._warmup_engine,
                               clock=self.clock)
