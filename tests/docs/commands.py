@@ -78,7 +78,7 @@ _HARNESS = "tests/harness/test_cli_harness.py"
 _RAY_CLI = "tests/experiments/test_grpo_ray_cli.py"
 _SIM = "tests/sim/test_experiment.py"
 _RUNS = "tests/docs/test_doc_runs.py"
-_MULTI = "tests/train/test_multihost.py"
+_MULTI = "tests/train/loop/test_multihost.py"
 _TWO = ("python -m experiments.grpo --mesh=2x4 --steps=3 --prompts_per_step=4 --sft_steps=0 "
         "--num_processes=2 --coordinator_address=localhost:12355 --out_dir=runs/two-processes")
 _CMDS = "tests/docs/test_doc_commands.py"
@@ -138,7 +138,7 @@ COVERAGE = {
     """transformers.AutoModelForCausalLM.from_pretrained('runs/hf-demo/hf')\"""": Run(
         f"{_RUNS}::test_hf_model_train_export_and_load", "paths in a temporary directory"),
     "XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.grpo --mesh=2x4":
-        Mapped("tests/train/test_loop.py::test_mesh_2x4_matches_1x1",
+        Mapped("tests/train/loop/test_loop.py::test_mesh_2x4_matches_1x1",
              "the 2x4 mesh on 8 fake CPU devices, 3 steps"),
     "python -m experiments.grpo --helpfull": Run(f"{_CMDS}::test_cheap_commands_run"),
     "python -m experiments.grpo --steps=40 --save_every=1 --mode=async --max_staleness=1": Mapped(
@@ -162,7 +162,7 @@ COVERAGE = {
         f"{_MULTI}::test_two_processes_match_one_process_and_only_process_0_writes",
         "the same job on one machine: SLURM supplies the coordinator, process count and id "
         "that the two-process command passes as flags (detection: "
-        "tests/train/test_distributed.py)"),
+        "tests/train/loop/test_distributed.py)"),
     'gcloud compute tpus tpu-vm ssh my-slice --zone=us-central2-b --worker=all --command="cd '
     'jaxrl_sys && .venv/bin/python -m experiments.grpo --mesh=8x4 '
     '--out_dir=/mnt/shared/runs/grpo-8x4"': Mapped(
