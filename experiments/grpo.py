@@ -22,7 +22,13 @@ non-finite loss or gradient stops the run with exit 3 (or is skipped with --skip
 
 --mesh=AxB on a machine without that many accelerators fakes A*B CPU devices: the flag is read
 from argv (or the --config file) before JAX initialises
-(XLA_FLAGS=--xla_force_host_platform_device_count).
+(XLA_FLAGS=--xla_force_host_platform_device_count); with --num_processes=N each process fakes
+A*B/N of them.
+
+Several processes (one per host, each running the same command) form one JAX job with
+--coordinator_address=HOST:PORT --num_processes=N --process_id=I, or with no flags under SLURM,
+Open MPI, a TPU pod slice or Kubernetes (detected); the mesh spans all their devices. See
+docs/multihost.md.
 """
 from __future__ import annotations
 
@@ -40,18 +46,25 @@ def _flag_value(argv: list[str], name: str) -> str | None:
   return None
 
 
+def _early_value(argv: list[str], path: str, short: str):
+  """The value of setting `path` (e.g. "distributed.mesh") from argv (--short or --path), else
+  from the --config file (any of its spellings); None if absent or unreadable. Read before
+  JAX starts, so from the raw argv rather than the parsed flags."""
+  value = _flag_value(argv, short) or _flag_value(argv, path)
+  if value is None and _flag_value(argv, "config"):
+    from jaxrl_sys.train.recipe import config_file  # pylint: disable=import-outside-toplevel
+    config = _flag_value(argv, "config")
+    try:
+      value = config_file.flat_settings(config_file.read_config_file(config), config).get(path)
+    except ValueError:
+      return None
+  return value
+
+
 def _early_mesh_size(argv: list[str]) -> int | None:
   """The device count of --mesh (or --distributed.mesh) in argv, else of the mesh in the
   --config file (None if absent or malformed; validated later)."""
-  value = _flag_value(argv, "mesh") or _flag_value(argv, "distributed.mesh")
-  if value is None and _flag_value(argv, "config"):
-    from jaxrl_sys.train.recipe import config_file  # pylint: disable=import-outside-toplevel
-    path = _flag_value(argv, "config")
-    try:
-      value = config_file.flat_settings(config_file.read_config_file(path), path).get(
-          "distributed.mesh")
-    except ValueError:
-      return None
+  value = _early_value(argv, "distributed.mesh", "mesh")
   if value is None:
     return None
   # Importing jax does not start its backend, so XLA_FLAGS can still be set afterwards.
@@ -62,9 +75,26 @@ def _early_mesh_size(argv: list[str]) -> int | None:
     return None
 
 
+def _early_process_count(argv: list[str]) -> int:
+  """--num_processes (argv or --config), else the detected cluster's process count, else 1."""
+  value = _early_value(argv, "distributed.num_processes", "num_processes")
+  try:
+    if value is not None and int(value) >= 1:
+      return int(value)
+  except ValueError:
+    return 1
+  from jaxrl_sys.train.loop.distributed import detect_cluster  # pylint: disable=import-outside-toplevel
+  found = detect_cluster()
+  return found[1] if found else 1
+
+
 def _fake_cpu_devices(argv: list[str]) -> None:
-  """Sets the CPU device count for --mesh unless XLA_FLAGS already sets one (before jax)."""
+  """Sets the CPU device count for --mesh unless XLA_FLAGS already sets one (before jax): the
+  mesh's devices, or this process's share of them when several processes form the job."""
   size = _early_mesh_size(argv)
+  if size:
+    processes = _early_process_count(argv)
+    size = size // processes if size % processes == 0 else size
   flags = os.environ.get("XLA_FLAGS", "")
   if size and size > 1 and "xla_force_host_platform_device_count" not in flags:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={size}".strip()
@@ -99,9 +129,21 @@ def recipe_from_flags():
   if FLAGS.resume and not (rc.output.out_dir or rc.checkpoint.directory):
     raise ValueError("--resume needs the run to continue: its --out_dir (or --checkpoint_dir)")
   if not rc.output.out_dir:
+    from jaxrl_sys.train.loop.multihost import share_from_main  # pylint: disable=import-outside-toplevel
     from jaxrl_sys.train.recipe.run_dir import new_run_dir  # pylint: disable=import-outside-toplevel
-    rc = rc.replace(out_dir=new_run_dir("runs", run_name(rc)))
+    # Several processes: process 0 names the directory, the others read it.
+    rc = rc.replace(out_dir=share_from_main("run_dir", lambda: new_run_dir("runs", run_name(rc))))
   return rc
+
+
+def join_job():
+  """Joins the multi-process job the flags (or the environment) describe, before JAX starts
+  (`train.loop.distributed.initialize`) with the `distributed` section of the flags (and the
+  --config file); returns its watchdog (None for one process)."""
+  from jaxrl_sys.train.loop import distributed  # pylint: disable=import-outside-toplevel
+  if FLAGS.config:
+    cli.apply_config_file(FLAGS.config, FLAGS)
+  return distributed.initialize(cli.run_config_from_flags(FLAGS).distributed)
 
 
 def main(argv):
@@ -116,6 +158,32 @@ def main(argv):
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   absl_logging.set_verbosity(absl_logging.WARNING)
   try:
+    watchdog = join_job()
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  try:
+    code = _train(jax, recipe_lib, DivergenceError)
+  except Exception as e:  # pylint: disable=broad-except
+    if watchdog is None:
+      raise
+    # A failed collective most likely means a lost peer: name it once the watchdog knows (its
+    # thread then ends the process). Any other error ends the peers too.
+    runtime = "RuntimeError" in type(e).__name__
+    lost = watchdog.lost(wait=watchdog.timeout if runtime else 0.0)
+    watchdog.finish(error=lost or f"{type(e).__name__}: {str(e)[:200]}")
+    if lost:
+      print(f"error: {lost}", file=sys.stderr, flush=True)
+      os._exit(4)  # pylint: disable=protected-access
+    raise
+  if watchdog is not None:
+    watchdog.finish(error=None if code == 0 else f"exit status {code}")
+  return code
+
+
+def _train(jax, recipe_lib, DivergenceError):  # pylint: disable=invalid-name
+  """Builds and runs the recipe; returns the exit status."""
+  try:
     rc = recipe_from_flags()
     print(f"loading model {rc.model.name!r} and task {rc.task.name!r}", file=sys.stderr)
     recipe = recipe_lib.build_recipe(rc)
@@ -128,6 +196,8 @@ def main(argv):
     return 2
   last = result.history[-1] if result.history else {}
   status = "preempted (checkpoint saved)" if result.preempted else "done"
+  if jax.process_count() > 1:
+    status = f"process {jax.process_index()}/{jax.process_count()}: {status}"
   line = (f"{status}: step {int(jax.device_get(result.state.step))}/{recipe.config.loop.steps}, "
           f"reward {last.get('reward_mean', float('nan')):.3f}")
   if "eval_reward" in last:

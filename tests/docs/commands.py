@@ -78,6 +78,9 @@ _HARNESS = "tests/harness/test_cli_harness.py"
 _RAY_CLI = "tests/experiments/test_grpo_ray_cli.py"
 _SIM = "tests/sim/test_experiment.py"
 _RUNS = "tests/docs/test_doc_runs.py"
+_MULTI = "tests/train/loop/test_multihost.py"
+_TWO = ("python -m experiments.grpo --mesh=2x4 --steps=3 --prompts_per_step=4 --sft_steps=0 "
+        "--num_processes=2 --coordinator_address=localhost:12355 --out_dir=runs/two-processes")
 _CMDS = "tests/docs/test_doc_commands.py"
 
 COVERAGE = {
@@ -147,6 +150,25 @@ COVERAGE = {
         "one preset, two settings, one segment, 2 steps"),
     "python -m experiments.spot_sim --preset=qwen3-14b --settings=rlboost,restart --segments=0":
         Run(f"{_CMDS}::test_cheap_commands_run", "--max_steps=2 --jobs=1"),
+    _TWO + " --process_id=0": Mapped(
+        f"{_MULTI}::test_two_processes_match_one_process_and_only_process_0_writes",
+        "both commands together (a free port on 127.0.0.1, the run directory in a temporary "
+        "directory), SIGTERM to process 1 after step 1, then both again with --resume"),
+    _TWO + " --process_id=1": Mapped(
+        f"{_MULTI}::test_two_processes_match_one_process_and_only_process_0_writes",
+        "both commands together, as above"),
+    "srun --nodes=4 --ntasks-per-node=1 --gpus-per-node=8 python -m experiments.grpo --mesh=8x4 "
+    "--local_device_ids=0,1,2,3,4,5,6,7 --out_dir=/shared/runs/grpo-8x4": Mapped(
+        f"{_MULTI}::test_two_processes_match_one_process_and_only_process_0_writes",
+        "the same job on one machine: SLURM supplies the coordinator, process count and id "
+        "that the two-process command passes as flags (detection: "
+        "tests/train/loop/test_distributed.py)"),
+    'gcloud compute tpus tpu-vm ssh my-slice --zone=us-central2-b --worker=all --command="cd '
+    'jaxrl_sys && .venv/bin/python -m experiments.grpo --mesh=8x4 '
+    '--out_dir=/mnt/shared/runs/grpo-8x4"': Mapped(
+        f"{_MULTI}::test_two_processes_match_one_process_and_only_process_0_writes",
+        "the same job on one machine: the TPU runtime supplies the coordinator, process count "
+        "and id"),
     "python -m experiments.spot_sim --preset=measured:benchmarks/results": Mapped(
         "tests/sim/test_driver.py::"
         "test_a_preset_calibrated_from_our_benchmarks_drives_the_same_simulation",

@@ -162,7 +162,19 @@ class Checkpointer:
     return None
 
   def _quarantine(self, step: int) -> str:
-    """Renames a bad step directory aside so a later save of that step does not collide."""
+    """Renames a bad step directory aside so a later save of that step does not collide
+    (several processes: process 0 renames, the others wait for it)."""
+    if jax.process_count() > 1:
+      from jaxrl_sys.train.loop import multihost  # pylint: disable=import-outside-toplevel
+      moved = multihost.share_from_main(f"quarantine/{step}", lambda: self._rename_aside(step))
+      multihost.sync(f"quarantine_{step}")
+      self._mngr.reload()
+      return moved
+    moved = self._rename_aside(step)
+    self._mngr.reload()
+    return moved
+
+  def _rename_aside(self, step: int) -> str:
     src = None
     for name in os.listdir(self.directory):
       if name.split(".")[0] == str(step) and os.path.isdir(os.path.join(self.directory, name)):
@@ -173,5 +185,4 @@ class Checkpointer:
       return "(not found)"
     dst = os.path.join(self.directory, f"corrupt_{step}_{int(time.time() * 1000)}")
     os.rename(src, dst)
-    self._mngr.reload()
     return dst

@@ -51,6 +51,7 @@ from jaxrl_sys.train.step.config import TrainConfig
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.loop.groups import group_requests, score_groups
 from jaxrl_sys.train.loop.guard import DivergenceGuard
+from jaxrl_sys.train.loop import multihost
 from jaxrl_sys.train.loop.metrics_log import (MetricsLogger, Progress, client_counters, peak_flops,
                                               rollout_metrics, train_flops_per_token)
 from jaxrl_sys.train.step.optim import make_optimizer, make_schedule
@@ -58,6 +59,7 @@ from jaxrl_sys.train.loop.local_client import check_lengths, default_client, ext
 from jaxrl_sys.train.step.state import (TrainState, abstract_state, init_train_state,
                                         state_shardings, with_shardings)
 from jaxrl_sys.train.step.update import make_train_fns
+from jaxrl_sys.train.loop.step_stats import StepStats, step_stats
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +79,18 @@ def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
 
-def _publish(client, state: TrainState, version: int) -> None:
-  """Publishes the parameters as they are (the train step does not donate them, so the
-  in-memory store shares them with the engine) and a copy of the MoE state (donated)."""
-  client.publish_weights(state.params, version, _copy(state.moe_state))
+def _weights(state: TrainState, mesh=None):
+  """The parameters as they are (the train step does not donate them, so the in-memory store
+  shares them with the engine) and a copy of the MoE state (donated). With `mesh` (one
+  spanning several processes): this process's local view of both, for its own engine."""
+  params, moe = state.params, _copy(state.moe_state)
+  return (params, moe) if mesh is None else multihost.localize((params, moe), mesh)
+
+
+def _publish(client, state: TrainState, version: int, mesh=None) -> None:
+  """Publishes `_weights(state, mesh)` as `version`."""
+  params, moe = _weights(state, mesh)
+  client.publish_weights(params, version, moe)
 
 
 class RLLoop:
@@ -142,6 +152,15 @@ class RLLoop:
     self._last_progress = 0.0
     self.ckpt = Checkpointer(checkpoint) if checkpoint.directory else None
     self.ckpt_cfg, self.resume = checkpoint, resume
+    # Several processes (a mesh spanning them): each builds its own rows of every batch with
+    # its own co-located rollout engine (`train.loop.multihost`); process 0 alone writes metrics.
+    self.hosts = None
+    if multihost.spans_processes(mesh):
+      multihost.check_loop_settings(loop_config, client, offload)
+      self.hosts = multihost.ProcessGroup(mesh, rules, self.samples,
+                                          loop_config.micro_batch_groups,
+                                          self.fns.min_groups(self.samples))
+      out_dir = out_dir if multihost.is_main() else None
     self.logger = MetricsLogger(out_dir)
     self.progress = (progress if isinstance(progress, Progress)
                      else Progress(loop_config.steps, bool(progress)))
@@ -205,9 +224,12 @@ class RLLoop:
     gids = []
     while self.accepted < target:
       gids.append(self.next_prompt)
-      buffer.add_group(self.next_prompt, version)
       self.next_prompt += 1
       self.accepted += 1
+    if self.hosts is not None:  # this process generates the groups that touch its rows
+      gids = self.hosts.claim(gids)
+    for gid in gids:
+      buffer.add_group(gid, version)
     if gids:
       # Version-gated routing: sync (strict on-policy) and async (a new request starts on the
       # current weights, so its staleness counts from its admission) must not be served by
@@ -357,11 +379,12 @@ class RLLoop:
     step = int(jax.device_get(state.step))
     client = self._client
     if client is None:
-      client = default_client(self.mc, state.params, self.lc, self.tok.eos_id, step,
-                              self.samples, self._engine_config, _copy(state.moe_state),
-                              warmup=self._warmup_engine, clock=self.clock)
+      params, moe = _weights(state, self._publish_mesh)
+      client = default_client(self.mc, params, self.lc, self.tok.eos_id, step, self.samples,
+                              self._engine_config, moe, warmup=self._warmup_engine,
+                              clock=self.clock)
     else:
-      _publish(client, state, step)
+      _publish(client, state, step, self._publish_mesh)
     self.client = client
     if self.offload is not None and hasattr(client, "worker_times"):
       saved = host.get("offload")
@@ -378,23 +401,27 @@ class RLLoop:
         t_step = self.clock.now()
         self._admit(client, buffer, step)
         t_seed = self._seed(client, buffer)
-        state, metrics, taken, scored, t_roll, t_train = self._train_step(state, client, buffer,
-                                                                             step)
+        if self.hosts is None:
+          state, metrics, taken, scored, t_roll, t_train = self._train_step(state, client,
+                                                                               buffer, step)
+          stats = step_stats(scored, taken, self._row_length)
+        else:
+          state, metrics, taken, stats, t_roll, t_train = self.hosts.train_step(
+              self, state, client, buffer, step)
         offload_row = {} if self.driver is None else self.driver.end_step(client, t_roll, t_train)
         t_roll += t_seed
         if self.lc.mode == "one_off":
           while client.num_pending():  # finish the next batch on the weights that started it
             t_roll += self._poll(client, buffer)
         step += 1
-        _publish(client, state, step)
+        _publish(client, state, step, self._publish_mesh)
         self._boundary(client, buffer, step)
-        row = self._metrics(metrics, scored, taken, t_roll, t_train, self.clock.now() - t_step,
-                            step - 1)
+        row = self._metrics(metrics, stats, t_roll, t_train, self.clock.now() - t_step, step - 1)
         now_counters = client_counters(client)
         row.update(rollout_metrics(counters, now_counters), **offload_row)
         counters = now_counters
         row["groups_buffered"] = len(buffer.groups)
-        row["group_ids"] = [g.group_id for g in taken]
+        row["group_ids"] = list(stats.group_ids)
         for hook in self.step_hooks:
           hook(step, state, row)
         diverged = self.guard.check(step, row, self.ckpt)
@@ -403,7 +430,7 @@ class RLLoop:
         self.progress.update(step, row, newline=step % max(self.lc.log_every, 1) == 0)
         if diverged is not None:  # logged, never checkpointed
           raise diverged
-        stop = self._stop.is_set()
+        stop = multihost.agree_any(self._stop.is_set()) if self.hosts else self._stop.is_set()
         if self.ckpt is not None and (stop or step == self.lc.steps or (
             self.ckpt_cfg.save_every and step % self.ckpt_cfg.save_every == 0)):
           self.ckpt.save(state, self._host_state(buffer, client), force=stop)
@@ -417,13 +444,11 @@ class RLLoop:
       self.progress.close()
     return RunResult(state, history, preempted, resumed)
 
-  def _metrics(self, metrics, scored, taken, t_roll, t_train, t_step, version) -> dict:
-    rewards = np.concatenate([s.rewards.reshape(-1) for s in scored])
-    lengths = np.concatenate([s.lengths.reshape(-1) for s in scored])
-    stopped = np.concatenate([s.stopped.reshape(-1) for s in scored])
-    versions = np.concatenate([c.request.versions for g in taken for c in g.completions()])
+  def _metrics(self, metrics, stats: StepStats, t_roll, t_train, t_step, version) -> dict:
+    rewards, lengths, stopped, versions = (stats.rewards, stats.lengths, stats.stopped,
+                                           stats.versions)
     gen_tokens = int(lengths.sum())
-    trained_positions = sum(len(s.samples) * self._row_length(s.samples) for s in scored)
+    trained_positions = stats.trained_positions
     row = {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist())
            for k, v in metrics.items()}
     ndev = self.mesh.devices.size
@@ -431,7 +456,7 @@ class RLLoop:
         reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
         reward_max=float(rewards.max()), response_len_mean=float(lengths.mean()),
         response_len_max=float(lengths.max()), stop_frac=float(stopped.mean()),
-        zero_variance_frac=sum(s.zero_variance for s in scored) / max(len(taken), 1),
+        zero_variance_frac=stats.zero_variance / max(len(stats.group_ids), 1),
         off_policy_token_frac_host=float((versions < version).mean()) if versions.size else 0.0,
         token_staleness_max=int(version - versions.min()) if versions.size else 0,
         time_rollout=t_roll, time_train=t_train, time_step=t_step,
@@ -443,6 +468,10 @@ class RLLoop:
             peak_flops() * ndev),
         next_prompt=self.next_prompt)
     return row
+
+  @property
+  def _publish_mesh(self):
+    return None if self.hosts is None else self.mesh
 
   # ----- signals -----------------------------------------------------------------------------
   def _install_signal_handler(self):

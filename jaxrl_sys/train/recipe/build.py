@@ -38,6 +38,7 @@ from jaxrl_sys.train.step.config import TrainConfig
 from jaxrl_sys.train.recipe.config_file import reproducible
 from jaxrl_sys.train.loop.groups import encode_prompt
 from jaxrl_sys.train.loop.guard import DivergenceError
+from jaxrl_sys.train.loop import multihost
 from jaxrl_sys.train.loop.rl_loop import RLLoop, RunResult
 from jaxrl_sys.train.loop.local_client import check_lengths, default_engine_config
 from jaxrl_sys.train.loop.metrics_log import Progress, plot_history
@@ -188,6 +189,14 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
 def recipe_mesh(spec: MeshSpec) -> jax.sharding.Mesh:
   """The mesh on the default backend, or on CPU devices when the accelerator has too few
   (CPU devices are faked by `--xla_force_host_platform_device_count`)."""
+  if jax.process_count() > 1:  # the mesh spans every process's devices, each a block of it
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    if spec.size != len(devices):
+      raise ValueError(
+          f"--mesh={spec} has {spec.size} devices but the {jax.process_count()} processes hold "
+          f"{len(devices)} ({jax.local_device_count()} each): a multi-process mesh uses every "
+          "device; on CPU each process fakes mesh size / --num_processes devices")
+    return make_mesh(spec, devices)
   devices = backend.mesh_devices(spec.size)
   if devices[0].platform == "cpu" and backend.platform() != "cpu":
     log.warning("mesh %s needs %d devices, %d %s present: using %d CPU devices", spec,
@@ -215,14 +224,23 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
     DivergenceError: a non-finite loss or gradient (metrics and plot are still written).
   """
   rc, mc, tok = recipe.config, recipe.model.config, recipe.model.tokenizer
-  run_dir = prepare_run_dir(rc.output.out_dir, overwrite=rc.output.overwrite, resume=resume) if (
-      rc.output.out_dir) else None
+  # Several processes: process 0 alone writes the run's files (the checkpoints excepted).
+  main = multihost.is_main()
+  if jax.process_count() > 1 and recipe.rollout.rollout != "local":
+    raise ValueError(f"--rollout={recipe.rollout.rollout} with {jax.process_count()} "
+                     "processes: a multi-process run uses each process's own co-located "
+                     "engine; use --rollout=local (Ray rollout is single-process only)")
+  out_dir = rc.output.out_dir
+  run_dir = (multihost.run_on_main(
+      lambda: prepare_run_dir(out_dir, overwrite=rc.output.overwrite, resume=resume),
+      "prepare the run directory") or os.path.abspath(os.path.expanduser(out_dir))
+             ) if out_dir else None
   ckpt = recipe.checkpoint
   if ckpt.directory is None and run_dir is not None:
     ckpt = dataclasses.replace(ckpt, directory=os.path.join(run_dir, "checkpoints"))
-  progress = Progress(rc.loop.steps, rc.output.progress, messages=messages)
+  progress = Progress(rc.loop.steps, rc.output.progress and main, messages=messages and main)
   config_path = run_dir and os.path.join(run_dir, "config.json")
-  if run_dir is not None:
+  if run_dir is not None and main:
     progress.message(f"run directory: {run_dir}")
     if not (resume and os.path.exists(config_path)):  # a resumed run's is replaced at the end
       write_json(config_path, reproducible(rc))
@@ -235,16 +253,19 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
     if rc.warmup.steps:
       progress.phase(f"supervised warm-up ({rc.warmup.steps} steps)")
     seq = rc.loop.seq_len
-    return supervised_warmup(params, mc, recipe.task, tok, steps=rc.warmup.steps,
-                             batch_size=rc.warmup.batch_size, learning_rate=rc.warmup.learning_rate,
-                             seq_len=seq)
+    params = supervised_warmup(params, mc, recipe.task, tok, steps=rc.warmup.steps,
+                               batch_size=rc.warmup.batch_size,
+                               learning_rate=rc.warmup.learning_rate, seq_len=seq)
+    # Several processes: the same host values on each, placed on the global mesh from there.
+    return jax.device_get(params) if jax.process_count() > 1 else params
 
   hooks = [recipe.task.metrics_hook] if isinstance(recipe.task, CountingTask) else []
   evaluator = None
   if rc.eval.every:
     evaluator = PeriodicEval(mc, recipe.eval_task, tok, recipe.eval_indices,
                              loop_config=recipe.loop, every=rc.eval.every, progress=progress)
-    hooks.append(evaluator)
+    hooks.append(multihost.local_hook(evaluator, mesh) if jax.process_count() > 1
+                 else evaluator)
   client = None
   if recipe.rollout.rollout == "ray":
     engine = default_engine_config(recipe.loop, recipe.loop.group_size + int(
@@ -257,7 +278,7 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   try:
     result = loop.run()
   except DivergenceError:
-    if run_dir:
+    if run_dir and main:
       _plot(recipe, run_dir, [])
     raise
   finally:
@@ -269,16 +290,20 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
                      run_dir=run_dir)
   summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
   out.notes += [summary] if summary else []
-  if run_dir:
+  params = result.state.params
+  export_hf = rc.output.export_hf
+  if jax.process_count() > 1 and (run_dir or export_hf):
+    params = multihost.gather_to_host(params)  # a collective: every process takes part
+  if run_dir and main:
     write_json(config_path, reproducible(rc))
-    save_params(os.path.join(run_dir, "final_params.npz"), result.state.params)
+    save_params(os.path.join(run_dir, "final_params.npz"), params)
     _plot(recipe, run_dir, result.history)
-  if rc.output.export_hf and not result.preempted:
-    _export(recipe, result.state.params)
-  elif rc.output.export_hf:
-    out.notes.append(f"run preempted: --export_hf={rc.output.export_hf} not written (resume "
-                     "to finish)")
-  if run_dir:
+  if export_hf and not result.preempted and main:
+    _export(recipe, params)
+  elif export_hf and main:
+    out.notes.append(f"run preempted: --export_hf={export_hf} not written (resume to finish)")
+  multihost.sync("run_outputs")
+  if run_dir and main:
     out.outputs = describe_outputs(run_dir, checkpoint_dir=ckpt.directory,
                                    export_dir=rc.output.export_hf
                                    and os.path.abspath(rc.output.export_hf))

@@ -4,8 +4,9 @@ A run's `config.json` holds its settings as the nested tree (`{"loop": {"steps":
 ...}`), so `--config=runs/<run>/config.json` repeats the run (flags given on the command line
 win over the file). A file may also name settings flat, by their flag names: the short ones
 (`steps: 60`, as older config.json files and examples/grpo_sums.yaml do) or dotted ones
-(`loop.steps: 60`). Output locations (the `output` section and `checkpoint.directory`) are
-not written, so a repeated run gets its own directory.
+(`loop.steps: 60`). Output locations (the `output` section and `checkpoint.directory`) and
+the launch placement of a multi-process job (`distributed.*` but the mesh) are not written,
+so a repeated run gets its own directory and may use another number of processes.
 """
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ from typing import Any, Iterable, Mapping
 
 from jaxrl_sys.train.recipe.run_config import ALIASES, resolve, sections, setting_paths
 
-# Settings that say where a run writes, not what it computes (short names).
-LOCATION_KEYS = ("out_dir", "checkpoint_dir", "export_hf", "overwrite", "progress")
+# Settings that say where a run writes and how this launch is placed (the processes of a
+# multi-process job: the run is the same whatever their number), not what it computes (short
+# names).
+LOCATION_KEYS = ("out_dir", "checkpoint_dir", "export_hf", "overwrite", "progress",
+                 "coordinator_address", "num_processes", "process_id", "local_device_ids",
+                 "distributed_timeout")
 LOCATION_PATHS = tuple(ALIASES[k] for k in LOCATION_KEYS)
 
 

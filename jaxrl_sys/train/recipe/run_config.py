@@ -10,7 +10,7 @@
       checkpoint   CheckpointConfig   orbax checkpoints (loop/)
       warmup       WarmupConfig       the supervised warm-up before RL
       eval         EvalConfig         held-out evaluation
-      distributed  DistributedConfig  devices and processes (the mesh)
+      distributed  DistributedConfig  devices and processes: the mesh, the multi-process job (loop/)
       output       OutputConfig       where a run writes (not part of its config.json)
 
 Every setting is one field of one section, documented in the section's `Attributes:`
@@ -45,6 +45,7 @@ import typing
 from typing import Any, Mapping
 
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
+from jaxrl_sys.train.loop.distributed import DistributedConfig
 from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup
 from jaxrl_sys.train.step.config import ALGOS, OptimConfig, TrainConfig, train_config_for_algo
 
@@ -151,16 +152,6 @@ class EvalConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class DistributedConfig:
-  """How training spreads over devices.
-
-  Attributes:
-    mesh: device mesh data x model, e.g. 8x4 (faked on CPU when the host has fewer devices).
-  """
-  mesh: str = "1x1"
-
-
-@dataclasses.dataclass(frozen=True)
 class OutputConfig:
   """Where a run writes; not part of what it computes (left out of its config.json).
 
@@ -197,6 +188,10 @@ ALIASES = {
     "eval_every": "eval.every", "eval_prompts": "eval.prompts",
     "checkpoint_dir": "checkpoint.directory", "save_every": "checkpoint.save_every",
     "keep_checkpoints": "checkpoint.keep",
+    "coordinator_address": "distributed.coordinator_address",
+    "num_processes": "distributed.num_processes", "process_id": "distributed.process_id",
+    "local_device_ids": "distributed.local_device_ids",
+    "distributed_timeout": "distributed.timeout",
     "out_dir": "output.out_dir", "overwrite": "output.overwrite",
     "export_hf": "output.export_hf", "progress": "output.progress",
     **{name: f"rollout.{name}" for name in (

@@ -356,6 +356,7 @@ def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimiz
     def call(state, x):
       rest, params, metrics = jitted(state._replace(params=None), state.params, x)
       return rest._replace(params=params), metrics
+    call.lower = lambda state, x: jitted.lower(state._replace(params=None), state.params, x)
     return call
 
   return TrainFns(

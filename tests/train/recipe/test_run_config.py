@@ -21,7 +21,8 @@ oversample learning_rate lr_warmup_steps kl_coef skip_nonfinite sft_steps sft_le
 sft_batch_size chat_template eval_every eval_prompts checkpoint_dir save_every keep_checkpoints
 seed out_dir overwrite export_hf progress rollout num_workers local_workers ray_address
 weight_store preempt_trace trace_time_scale chaos_kill_every chaos_restart_after offload
-t_seed_init worker_cpus worker_gpus worker_token_delay""".split()
+t_seed_init worker_cpus worker_gpus worker_token_delay coordinator_address num_processes
+process_id local_device_ids distributed_timeout""".split()
 
 
 def _flags() -> flags.FlagValues:
