@@ -114,6 +114,19 @@ flags.DEFINE_float("kl_coef", None, "KL coefficient (default: the algorithm's pr
 flags.DEFINE_bool("skip_nonfinite", _RC.skip_nonfinite,
                   "Drop an update whose gradient is not finite instead of stopping the run "
                   "(stops after 10 in a row).")
+flags.DEFINE_enum("param_dtype", _RC.param_dtype, ["float32", "bfloat16"],
+                  "Master weights and AdamW moments (float32: small RL updates are kept; a "
+                  "bfloat16 checkpoint is loaded into float32 masters).")
+flags.DEFINE_enum("compute_dtype", _RC.compute_dtype, ["auto", "float32", "bfloat16"],
+                  "Forward/backward dtype of the train step (auto: bfloat16 on GPU/TPU, "
+                  "float32 on CPU).")
+flags.DEFINE_enum("rollout_dtype", _RC.rollout_dtype, ["auto", "float32", "bfloat16"],
+                  "Dtype of the weights published to the rollout engines and of their compute "
+                  "(auto: the compute dtype; bfloat16 moves half the bytes of float32).")
+flags.DEFINE_float("behav_weight_cap", _RC.behav_weight_cap,
+                   "Truncated importance sampling: weigh each token by min(pi_train / "
+                   "pi_rollout, C), correcting the rollout-train mismatch (mismatch_* metrics); "
+                   "unset = no weight in sync mode, AReaL's uncapped weight off-policy.")
 flags.DEFINE_integer("sft_steps", _RC.sft_steps, "Supervised warm-up steps on the task's "
                      "answers, fresh runs only (default: 60 for the tiny presets, 0 for a "
                      "Hugging Face model).")
@@ -138,6 +151,9 @@ flags.DEFINE_bool("overwrite", False, "Replace the outputs of an earlier run in 
                   "a non-empty --export_hf directory).")
 flags.DEFINE_string("export_hf", None, "Write the trained policy as a Hugging Face directory "
                     "(safetensors, config.json, tokenizer files).")
+flags.DEFINE_enum("export_dtype", None, ["float32", "bfloat16"],
+                  "Dtype of the --export_hf tensors (default: the checkpoint's own, float32 for "
+                  "the presets).")
 flags.DEFINE_string("config", None, "YAML or JSON file of flag values (keys = flag names); "
                     "flags on the command line win. A run's config.json repeats it.")
 flags.DEFINE_bool("progress", True, "Show the progress bar on stderr.")

@@ -53,6 +53,7 @@ from jaxrl_sys.train.guard import DivergenceGuard
 from jaxrl_sys.train.metrics_log import (MetricsLogger, Progress, client_counters, peak_flops,
                                          rollout_metrics, train_flops_per_token)
 from jaxrl_sys.train.optim import make_optimizer, make_schedule
+from jaxrl_sys.train.precision import PrecisionConfig, rollout_weights
 from jaxrl_sys.train.rollout_setup import check_lengths, default_client, extra_groups
 from jaxrl_sys.train.state import (TrainState, abstract_state, init_train_state, state_shardings,
                                    with_shardings)
@@ -76,10 +77,12 @@ def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
 
-def _publish(client, state: TrainState, version: int) -> None:
-  """Publishes the parameters as they are (the train step does not donate them, so the
-  in-memory store shares them with the engine) and a copy of the MoE state (donated)."""
-  client.publish_weights(state.params, version, _copy(state.moe_state))
+def _publish(client, state: TrainState, version: int, rollout_dtype: str) -> None:
+  """Publishes the parameters in the rollout dtype (masters already in it go as they are: the
+  train step does not donate them, so the in-memory store shares them with the engine) and a
+  copy of the MoE state (donated)."""
+  client.publish_weights(rollout_weights(state.params, rollout_dtype), version,
+                         _copy(state.moe_state))
 
 
 class RLLoop:
@@ -107,6 +110,9 @@ class RLLoop:
       step, then hand their requests to the remote ones; None = off.
     step_hooks: callables `hook(step, state, row)` run after each step, before its metrics
       row is logged; they may add entries to `row` (e.g. periodic evaluation).
+    precision: dtypes of the masters / compute / rollout (`train.precision`; "auto" resolved
+      here for the default backend); it overrides `model_config`'s dtypes. None = what
+      `model_config` says, rollout in its compute dtype.
   """
 
   def __init__(self, model_config: ModelConfig, train_config: TrainConfig, loop_config: LoopConfig,
@@ -116,8 +122,12 @@ class RLLoop:
                resume: bool = False, out_dir: str | None = None, progress: bool = False,
                rules: Rules = DEFAULT_RULES, warmup_engine: bool = False, clock: Clock = WALL,
                offload: OffloadConfig | None = None,
-               step_hooks: Sequence[Callable[[int, TrainState, dict], None]] = ()):
+               step_hooks: Sequence[Callable[[int, TrainState, dict], None]] = (),
+               precision: PrecisionConfig | None = None):
     check_lengths(model_config, loop_config)
+    self.precision = (precision or PrecisionConfig.of_model(model_config)).resolve()
+    model_config = self.precision.train_model(model_config)
+    self.rollout_mc = self.precision.rollout_model(model_config)
     if abs(train_config.temperature - loop_config.temperature) > 0:
       raise ValueError(f"TrainConfig.temperature={train_config.temperature} must equal the "
                        f"sampling temperature {loop_config.temperature}")
@@ -127,7 +137,8 @@ class RLLoop:
     median = train_config.advantage.baseline == "median"
     self.samples = loop_config.group_size + int(median)
     self.optimizer = make_optimizer(train_config.optim, ess_rule=train_config.ess_rule,
-                                    base_ess_ratio=train_config.base_ess_ratio)
+                                    base_ess_ratio=train_config.base_ess_ratio,
+                                    moment_dtype=self.precision.param_dtype)
     self.schedule = make_schedule(train_config.optim)
     self.abstract = abstract_state(model_config, train_config, self.optimizer)
     self.fns = make_train_fns(model_config, train_config, self.optimizer, self.abstract, mesh,
@@ -356,11 +367,13 @@ class RLLoop:
     step = int(jax.device_get(state.step))
     client = self._client
     if client is None:
-      client = default_client(self.mc, state.params, self.lc, self.tok.eos_id, step,
-                              self.samples, self._engine_config, _copy(state.moe_state),
+      client = default_client(self.rollout_mc,
+                              rollout_weights(state.params, self.precision.rollout_dtype),
+                              self.lc, self.tok.eos_id, step, self.samples,
+                              self._engine_config, _copy(state.moe_state),
                               warmup=self._warmup_engine, clock=self.clock)
     else:
-      _publish(client, state, step)
+      _publish(client, state, step, self.precision.rollout_dtype)
     self.client = client
     if self.offload is not None and hasattr(client, "worker_times"):
       saved = host.get("offload")
@@ -384,7 +397,7 @@ class RLLoop:
           while client.num_pending():  # finish the next batch on the weights that started it
             t_roll += self._poll(client, buffer)
         step += 1
-        _publish(client, state, step)
+        _publish(client, state, step, self.precision.rollout_dtype)
         self._boundary(client, buffer, step)
         row = self._metrics(metrics, scored, taken, t_roll, t_train, self.clock.now() - t_step,
                             step - 1)

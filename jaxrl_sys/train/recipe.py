@@ -39,6 +39,7 @@ from jaxrl_sys.train.loop import RLLoop, RunResult
 from jaxrl_sys.train.rollout_setup import check_lengths, default_engine_config
 from jaxrl_sys.train.metrics_log import Progress, plot_history
 from jaxrl_sys.train.periodic_eval import SYNTHETIC_EVAL_START, PeriodicEval
+from jaxrl_sys.train.precision import DTYPES, PrecisionConfig
 from jaxrl_sys.train.presets import LoadedModel, load_model
 from jaxrl_sys.train.rollout_setup import RolloutSetup, ray_client
 from jaxrl_sys.train.run_dir import (check_directory_path, describe_outputs, prepare_run_dir,
@@ -55,7 +56,8 @@ PRESET_SFT_STEPS = 60
 IDENTITY_KEYS = ("model", "algo", "task", "task_args", "reward", "group_size",
                  "prompts_per_step", "mode", "max_staleness", "max_new_tokens", "max_prompt_len",
                  "temperature", "kl_coef", "seed", "chat_template", "oversample",
-                 "skip_nonfinite")
+                 "skip_nonfinite", "param_dtype", "compute_dtype", "rollout_dtype",
+                 "behav_weight_cap")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +85,10 @@ class RecipeConfig:
   lr_warmup_steps: int = 5
   kl_coef: float | None = None
   skip_nonfinite: bool = False
+  param_dtype: str = "float32"
+  compute_dtype: str = "auto"
+  rollout_dtype: str = "auto"
+  behav_weight_cap: float | None = None
   sft_steps: int | None = None
   sft_learning_rate: float = 3e-3
   sft_batch_size: int = 32
@@ -96,6 +102,7 @@ class RecipeConfig:
   out_dir: str | None = None
   overwrite: bool = False
   export_hf: str | None = None
+  export_dtype: str | None = None
   progress: bool = True
   rollout: str = "local"
   local_workers: int = 0
@@ -145,6 +152,8 @@ class Recipe:
   rollout: RolloutSetup
   eval_task: Any = None
   eval_indices: tuple[int, ...] = ()
+  precision: PrecisionConfig = dataclasses.field(
+      default_factory=lambda: PrecisionConfig().resolve())
 
 
 @dataclasses.dataclass
@@ -165,7 +174,12 @@ def _check_ranges(rc: RecipeConfig) -> None:
             (rc.eval_every >= 0, f"--eval_every={rc.eval_every} must be >= 0 (0 = off)"),
             (rc.eval_prompts >= 1, f"--eval_prompts={rc.eval_prompts} must be >= 1"),
             (rc.prompts_per_step >= 1, f"--prompts_per_step={rc.prompts_per_step} must be >= 1"),
-            (rc.learning_rate > 0, f"--learning_rate={rc.learning_rate} must be > 0")]
+            (rc.learning_rate > 0, f"--learning_rate={rc.learning_rate} must be > 0"),
+            (rc.behav_weight_cap is None or rc.behav_weight_cap > 0,
+             f"--behav_weight_cap={rc.behav_weight_cap} must be > 0 (unset = no cap)"),
+            (rc.export_dtype in (None,) + DTYPES,
+             f"--export_dtype={rc.export_dtype!r}: use one of {list(DTYPES)} (unset = the "
+             "checkpoint's own dtype)")]
   for ok, message in checks:
     if not ok:
       raise ValueError(message)
@@ -209,6 +223,9 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
         f"--group_size={rc.group_size} with --algo={rc.algo}: GRPO-family advantages compare "
         "samples of the same prompt, so each group needs at least 2 samples")
   _check_ranges(rc)
+  precision = PrecisionConfig(rc.param_dtype, rc.compute_dtype, rc.rollout_dtype).resolve()
+  rc = dataclasses.replace(rc, compute_dtype=precision.compute_dtype,
+                           rollout_dtype=precision.rollout_dtype)
   if task is not None:  # a Python task object: recorded by name (not reproducible from a file)
     rc = dataclasses.replace(rc, task=str(getattr(task, "name", type(task).__name__)),
                              task_args="")
@@ -234,6 +251,8 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
   if model.is_preset:
     model.config = dataclasses.replace(model.config,
                                        max_seq_len=rc.max_prompt_len + rc.max_new_tokens)
+  model.config = precision.train_model(model.config)
+  rc = dataclasses.replace(rc, export_dtype=rc.export_dtype or model.source_dtype)
   if rc.export_hf and model.is_preset and model.config.moe is not None:
     raise ValueError(f"--export_hf with --model={rc.model}: the tiny MoE preset has no Hugging "
                      "Face equivalent (aux-free routing biases, no q/k norms); export works for "
@@ -250,6 +269,12 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
                       skip_nonfinite=rc.skip_nonfinite)
   train = train_config_for_algo(rc.algo, decoupled=decoupled, kl_coef=rc.kl_coef, optim=optim,
                                 temperature=rc.temperature)
+  if rc.behav_weight_cap is not None:
+    # Truncated importance sampling: min(pi_train / pi_rollout, C) weighs each token, in every
+    # mode (sync too: it corrects the rollout-train numerics mismatch, losses.mismatch).
+    train = dataclasses.replace(train, loss=dataclasses.replace(
+        train.loss, decoupled=True, behav_weight_cap=rc.behav_weight_cap,
+        behav_weight_cap_mode="clamp"))
   loop = LoopConfig(steps=rc.steps, prompts_per_step=rc.prompts_per_step,
                     group_size=rc.group_size, mode=rc.mode, max_staleness=rc.max_staleness,
                     micro_batch_groups=rc.micro_batch_groups,
@@ -268,7 +293,7 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
   rollout = RolloutSetup(**{f.name: getattr(rc, f.name) for f in dataclasses.fields(RolloutSetup)
                             if hasattr(rc, f.name)})
   return Recipe(rc, spec, model, CountingTask(task), train, loop, ckpt, rollout, eval_task,
-                eval_indices)
+                eval_indices, precision)
 
 
 def recipe_mesh(spec: MeshSpec) -> jax.sharding.Mesh:
@@ -311,6 +336,7 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
     ckpt = dataclasses.replace(ckpt, directory=os.path.join(run_dir, "checkpoints"))
   progress = Progress(rc.steps, rc.progress, messages=messages)
   config_path = run_dir and os.path.join(run_dir, "config.json")
+  progress.message(recipe.precision.describe())
   if run_dir is not None:
     progress.message(f"run directory: {run_dir}")
     if not (resume and os.path.exists(config_path)):  # a resumed run's is replaced at the end
@@ -338,11 +364,12 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   if recipe.rollout.rollout == "ray":
     engine = default_engine_config(recipe.loop, recipe.loop.group_size + int(
         recipe.train.advantage.baseline == "median"), tok.eos_id)
-    client = ray_client(recipe.rollout, mc, engine, seed=rc.seed,
+    client = ray_client(recipe.rollout, recipe.precision.rollout_model(mc), engine, seed=rc.seed,
                         compile_cache=jax.config.jax_compilation_cache_dir or None)
   loop = RLLoop(mc, recipe.train, recipe.loop, recipe.task, tok, mesh, init_params=init,
                 client=client, checkpoint=ckpt, resume=resume, out_dir=run_dir,
-                progress=progress, offload=recipe.rollout.offload_config(), step_hooks=hooks)
+                progress=progress, offload=recipe.rollout.offload_config(), step_hooks=hooks,
+                precision=recipe.precision)
   try:
     result = loop.run()
   except DivergenceError:
@@ -393,12 +420,18 @@ def _export(recipe: Recipe, params) -> None:
     config = dataclasses.replace(config, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
     files = tok.hf_tokenizer_files()
   export_hf(rc.export_hf, config, params, tokenizer_dir=model.hf_dir, tokenizer_files=files,
-            overwrite=rc.overwrite)
+            overwrite=rc.overwrite, dtype=rc.export_dtype)
 
 
 def save_params(path: str, params) -> None:
-  """Writes the parameters as a flat .npz ("layers/attn/wq" -> array), no pickles."""
-  flat = {"/".join(str(getattr(k, "key", k)) for k in kp): np.asarray(v)
+  """Writes the parameters as a flat .npz ("layers/attn/wq" -> array), no pickles, readable by
+  plain `numpy.load`: floating leaves numpy has no dtype for (bfloat16 masters) are written as
+  float32 (exact), never as the opaque `V2` void arrays numpy would store them as."""
+  def host(v):
+    a = np.asarray(v)
+    small = jax.numpy.issubdtype(a.dtype, jax.numpy.floating) and a.dtype.itemsize < 4
+    return a.astype(np.float32) if small else a
+  flat = {"/".join(str(getattr(k, "key", k)) for k in kp): host(v)
           for kp, v in jax.tree_util.tree_flatten_with_path(params)[0]}
   tmp = path + ".tmp.npz"
   np.savez(tmp, **flat)

@@ -45,6 +45,9 @@ def _build(model_config: ModelConfig, train_config: TrainConfig, optimizer, key,
   pkey, rng = jax.random.split(key)
   if params is None:
     params = init_params(model_config, pkey)
+  else:  # e.g. a bfloat16 checkpoint: the masters are kept in the configured param dtype
+    params = jax.tree.map(lambda a: a.astype(model_config.pdtype)
+                          if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
   ref = jax.tree.map(jnp.copy, params) if train_config.uses_reference else None
   return TrainState(step=jnp.zeros([], jnp.int32), params=params,
                     opt_state=optimizer.init(params), ref_params=ref,
