@@ -336,11 +336,11 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
     ckpt = dataclasses.replace(ckpt, directory=os.path.join(run_dir, "checkpoints"))
   progress = Progress(rc.steps, rc.progress, messages=messages)
   config_path = run_dir and os.path.join(run_dir, "config.json")
-  progress.message(recipe.precision.describe())
   if run_dir is not None:
     progress.message(f"run directory: {run_dir}")
     if not (resume and os.path.exists(config_path)):  # a resumed run's is replaced at the end
       write_json(config_path, reproducible(dataclasses.asdict(rc)))
+  progress.message(recipe.precision.describe())
   mesh = recipe_mesh(recipe.mesh_spec)
 
   def init():

@@ -14,3 +14,16 @@ QUICK = RecipeConfig(steps=3, prompts_per_step=4, group_size=4, micro_batch_grou
 
 def quick(**kw) -> RecipeConfig:
   return dataclasses.replace(QUICK, **kw)
+
+
+def bf16_hf_dir(path) -> str:
+  """The tiny Qwen3 of `examples.make_tiny_hf_model` (char tokenizer of the arithmetic task),
+  re-saved in bfloat16 with `transformers`, as a user's real checkpoint would be."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+
+  from examples.make_tiny_hf_model import main  # pylint: disable=import-outside-toplevel
+  main(str(path))
+  model = transformers.AutoModelForCausalLM.from_pretrained(str(path)).to(torch.bfloat16)
+  model.save_pretrained(str(path), safe_serialization=True)
+  return str(path)
