@@ -403,7 +403,8 @@ def _plot(recipe: Recipe, run_dir: str, history: list[dict]) -> None:
   rc = recipe.config
   history = _read_history(run_dir) or history
   plot_history(history, os.path.join(run_dir, "reward_kl.png"),
-               (("reward_mean", "eval_reward"), "kl"),
+               (("reward_mean", "eval_reward"), "kl",
+                ("mismatch_mean", "mismatch_max", "mismatch_out_frac")),
                title=f"{rc.algo} on {rc.task} ({rc.mode}, mesh {rc.mesh})")
   if recipe.rollout.rollout == "ray":
     plot_history(history, os.path.join(run_dir, "offload.png"),
