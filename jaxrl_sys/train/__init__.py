@@ -10,7 +10,8 @@ Pure core:
 - `TrainBatch`, `Sample`, `pack`, `stack`: completions -> fixed-shape padded arrays.
 - `make_optimizer` (clip -> AdamW(schedule) -> ESS scale), `make_schedule`.
 - Configs: `TrainConfig` (+ `train_config_for_algo`), `LoopConfig`, `OptimConfig`,
-  `CheckpointConfig`.
+  `CheckpointConfig`, `PrecisionConfig` (float32 masters and moments, compute and rollout
+  dtypes; `rollout_weights` casts the masters for publishing).
 
 Side effects:
 - `RLLoop(...).run() -> RunResult`: prompts -> rollout (any `RolloutClient`; in-process engine
@@ -36,6 +37,7 @@ from jaxrl_sys.train.guard import DivergenceError, DivergenceGuard
 from jaxrl_sys.train.loop import RLLoop, RunResult
 from jaxrl_sys.train.metrics_log import MetricsLogger, Progress, plot_history
 from jaxrl_sys.train.optim import make_optimizer, make_schedule
+from jaxrl_sys.train.precision import PrecisionConfig, rollout_weights
 from jaxrl_sys.train.presets import load_model
 from jaxrl_sys.train.periodic_eval import PeriodicEval
 from jaxrl_sys.train.recipe import RecipeConfig, RecipeResult, build_recipe, run_recipe
@@ -49,11 +51,11 @@ from jaxrl_sys.train.supervised import supervised_warmup
 __all__ = [
     "ALGOS", "Accum", "CheckpointConfig", "CheckpointMismatchError", "Checkpointer",
     "DivergenceError", "DivergenceGuard", "LoopConfig", "MODES", "MetricsLogger", "OptimConfig",
-    "PeriodicEval", "Progress", "RLLoop", "RecipeConfig", "RecipeResult", "Restored",
-    "RolloutBuffer", "RunResult", "Sample", "TrainBatch", "TrainConfig", "TrainFns", "TrainState",
-    "abstract_state", "accumulate", "apply", "build_recipe", "evaluate", "fingerprint",
-    "fused_step", "init_accum", "init_train_state", "load_model", "make_optimizer", "make_schedule",
-    "make_train_fns", "new_run_dir", "pack", "plot_history", "prepare_run_dir", "run_recipe",
-    "stack", "state_shardings", "supervised_warmup", "token_logprobs", "train_config_for_algo",
-    "train_step", "with_shardings",
+    "PeriodicEval", "PrecisionConfig", "Progress", "RLLoop", "RecipeConfig", "RecipeResult",
+    "Restored", "RolloutBuffer", "RunResult", "Sample", "TrainBatch", "TrainConfig", "TrainFns",
+    "TrainState", "abstract_state", "accumulate", "apply", "build_recipe", "evaluate",
+    "fingerprint", "fused_step", "init_accum", "init_train_state", "load_model", "make_optimizer",
+    "make_schedule", "make_train_fns", "new_run_dir", "pack", "plot_history", "prepare_run_dir",
+    "rollout_weights", "run_recipe", "stack", "state_shardings", "supervised_warmup",
+    "token_logprobs", "train_config_for_algo", "train_step", "with_shardings",
 ]

@@ -25,7 +25,6 @@ import re
 from typing import Any
 
 import jax
-import numpy as np
 
 from jaxrl_sys.models import init_params
 from jaxrl_sys.sharding import MeshSpec, make_mesh, parse_mesh
@@ -43,7 +42,7 @@ from jaxrl_sys.train.precision import DTYPES, PrecisionConfig
 from jaxrl_sys.train.presets import LoadedModel, load_model
 from jaxrl_sys.train.rollout_setup import RolloutSetup, ray_client
 from jaxrl_sys.train.run_dir import (check_directory_path, describe_outputs, prepare_run_dir,
-                                     write_json)
+                                     save_params, write_json)
 from jaxrl_sys.train.supervised import supervised_warmup
 
 log = logging.getLogger(__name__)
@@ -422,21 +421,6 @@ def _export(recipe: Recipe, params) -> None:
     files = tok.hf_tokenizer_files()
   export_hf(rc.export_hf, config, params, tokenizer_dir=model.hf_dir, tokenizer_files=files,
             overwrite=rc.overwrite, dtype=rc.export_dtype)
-
-
-def save_params(path: str, params) -> None:
-  """Writes the parameters as a flat .npz ("layers/attn/wq" -> array), no pickles, readable by
-  plain `numpy.load`: floating leaves numpy has no dtype for (bfloat16 masters) are written as
-  float32 (exact), never as the opaque `V2` void arrays numpy would store them as."""
-  def host(v):
-    a = np.asarray(v)
-    small = jax.numpy.issubdtype(a.dtype, jax.numpy.floating) and a.dtype.itemsize < 4
-    return a.astype(np.float32) if small else a
-  flat = {"/".join(str(getattr(k, "key", k)) for k in kp): host(v)
-          for kp, v in jax.tree_util.tree_flatten_with_path(params)[0]}
-  tmp = path + ".tmp.npz"
-  np.savez(tmp, **flat)
-  os.replace(tmp, path)
 
 
 def _read_history(out_dir: str) -> list[dict]:
