@@ -8,8 +8,11 @@ import dataclasses
 
 from jaxrl_sys.train.recipe import RecipeConfig
 
+# float32 compute on every backend ("auto" is bfloat16 on a GPU): the tests' references are
+# float32, and the numbers they compare must not depend on where the suite runs.
 QUICK = RecipeConfig(steps=3, prompts_per_step=4, group_size=4, micro_batch_groups=16,
-                     sft_steps=0, save_every=1, progress=False, lr_warmup_steps=0)
+                     sft_steps=0, save_every=1, progress=False, lr_warmup_steps=0,
+                     compute_dtype="float32")
 
 
 def quick(**kw) -> RecipeConfig:
