@@ -16,6 +16,7 @@ from jaxrl_sys.train.precision import PrecisionConfig
 from jaxrl_sys.train.presets import load_model
 from jaxrl_sys.train.state import abstract_state, init_train_state
 from jaxrl_sys.train.step import make_train_fns
+from tests.precision_helpers import per_backend
 from tests.train.common import bf16_hf_dir
 
 ROWS, SEQ = 64, 12
@@ -136,3 +137,25 @@ def test_bf16_checkpoint_step_updates_fp32_masters_like_float64_adamw(tmp_path):
                adam.mu, mu)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), b, rtol=2e-6, atol=1e-30),
                adam.nu, nu)
+
+
+def test_recipe_resolves_the_policy_and_wires_the_behaviour_cap():
+  """"auto" resolves for the backend (float32 on a CPU) and is recorded resolved (config.json)
+  and in the checkpoint identity; --behav_weight_cap turns on the truncated behaviour weight in
+  sync mode."""
+  from jaxrl_sys.train import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
+  from tests.train.common import quick  # pylint: disable=import-outside-toplevel
+  plain = recipe_lib.build_recipe(quick(compute_dtype="auto", rollout_dtype="auto"))
+  auto = per_backend(cpu="float32", gpu="bfloat16")
+  assert (plain.config.compute_dtype, plain.config.rollout_dtype) == (auto, auto)
+  assert plain.model.config.param_dtype == "float32" and not plain.train.loss.decoupled
+  capped = recipe_lib.build_recipe(quick(rollout_dtype="bfloat16", behav_weight_cap=2.0))
+  loss = capped.train.loss
+  assert (loss.decoupled, loss.behav_weight_cap, loss.behav_weight_cap_mode) == (
+      True, 2.0, "clamp")
+  ident = capped.checkpoint.identity
+  assert (ident["param_dtype"], ident["compute_dtype"], ident["rollout_dtype"],
+          ident["behav_weight_cap"]) == ("float32", "float32", "bfloat16", 2.0)
+  assert capped.precision.rollout_model(capped.model.config).compute_dtype == "bfloat16"
+  with pytest.raises(ValueError, match="--rollout_dtype='fp8'"):
+    recipe_lib.build_recipe(quick(rollout_dtype="fp8"))
