@@ -105,14 +105,7 @@ def cast_floating(tree: Any, dtype: str) -> Any:
   return jax.tree.map(one, tree)
 
 
-@jax.jit
-def _cast_bf16(tree):
-  return cast_floating(tree, "bfloat16")
-
-
-@jax.jit
-def _cast_f32(tree):
-  return cast_floating(tree, "float32")
+_cast_jit = jax.jit(cast_floating, static_argnums=1)
 
 
 def rollout_weights(params: Any, rollout_dtype: str) -> Any:
@@ -123,4 +116,4 @@ def rollout_weights(params: Any, rollout_dtype: str) -> Any:
   if all(x.dtype == want for x in jax.tree.leaves(params)
          if jnp.issubdtype(x.dtype, jnp.floating)):
     return params
-  return (_cast_bf16 if want == jnp.bfloat16 else _cast_f32)(params)
+  return _cast_jit(params, rollout_dtype)

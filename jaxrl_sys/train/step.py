@@ -10,6 +10,9 @@ Global normalisation: each micro-batch contributes the gradient of its loss *num
 (`policy_loss(..., denominator=1)`) and its denominator (`loss_denominator`); `apply` divides
 the summed gradient by the summed denominator, which equals the gradient of
 `sum(numerators) / sum(denominators)`, the full-batch loss, however the batch was split.
+Precision (`train.precision`): the forward casts the masters to the compute dtype where they
+are used; the gradient reaches the masters through that cast, is summed in float32 and goes to
+the optimizer in float32, never rounded to the parameters' dtype.
 
 Per token: log-probs and entropy come from `kernels.fused_logprobs(hidden, unembed, targets,
 temperature)` at the sampling temperature, over the batch's scoring window (`batch.pack`): the
