@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_sys.models import load_hf_checkpoint, safetensors_io
-from jaxrl_sys.train import recipe as recipe_lib
+from jaxrl_sys.train.recipe import build as recipe_lib
 from tests.train.common import bf16_hf_dir, quick
 
 REWARD = "def length(prompt, completion, **row):\n  return len(completion) / 10\n"
@@ -41,8 +41,9 @@ def test_bf16_checkpoint_with_bf16_rollout(tmp_path, monkeypatch):
   monkeypatch.setattr(recipe_lib, "RLLoop", _Recorded)
   rc = dataclasses.replace(base, out_dir=str(tmp_path / "a"), export_hf=str(tmp_path / "hf"))
   recipe = recipe_lib.build_recipe(rc)
-  assert (recipe.precision.param_dtype, recipe.precision.compute_dtype,
-          recipe.precision.rollout_dtype) == ("float32", "float32", "bfloat16")
+  precision = recipe.config.precision
+  assert (precision.param_dtype, precision.compute_dtype, precision.rollout_dtype) == (
+      "float32", "float32", "bfloat16")
   result = recipe_lib.run_recipe(recipe, messages=False)
   loop = _Recorded.last
   masters = result.state.params
@@ -61,9 +62,10 @@ def test_bf16_checkpoint_with_bf16_rollout(tmp_path, monkeypatch):
   for row in rows:
     assert 0 < row["mismatch_mean"] <= row["mismatch_max"], row
     assert 0 <= row["mismatch_out_frac"] <= 1
-  config = json.load(open(tmp_path / "a" / "config.json"))
-  assert (config["param_dtype"], config["compute_dtype"], config["rollout_dtype"],
-          config["export_dtype"]) == ("float32", "float32", "bfloat16", "bfloat16")
+  config = json.load(open(tmp_path / "a" / "config.json"))["precision"]
+  assert (config["param_dtype"], config["compute_dtype"], config["rollout_dtype"]) == (
+      "float32", "float32", "bfloat16")
+  assert recipe.config.output.export_dtype == "bfloat16"  # the checkpoint's own
 
   # final_params.npz: plain float32 numbers for numpy, equal to the masters.
   with np.load(tmp_path / "a" / "final_params.npz", allow_pickle=False) as npz:

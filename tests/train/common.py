@@ -6,7 +6,7 @@ through the persistent compilation cache (2 CPU cores: compiling dominates the t
 """
 import dataclasses
 
-from jaxrl_sys.train.recipe import RecipeConfig
+from jaxrl_sys.train.recipe.build import RecipeConfig
 
 # float32 compute on every backend ("auto" is bfloat16 on a GPU): the tests' references are
 # float32, and the numbers they compare must not depend on where the suite runs.

@@ -9,13 +9,13 @@ import jax.numpy as jnp
 from jaxrl_sys.losses.mismatch import mismatch_stats
 from jaxrl_sys.models import load_hf_checkpoint
 from jaxrl_sys.sharding import make_mesh
-from jaxrl_sys.train import batch as batch_lib
-from jaxrl_sys.train.config import OptimConfig, train_config_for_algo
-from jaxrl_sys.train.optim import make_optimizer
 from jaxrl_sys.train.precision import PrecisionConfig
-from jaxrl_sys.train.presets import load_model
-from jaxrl_sys.train.state import abstract_state, init_train_state
-from jaxrl_sys.train.step import make_train_fns
+from jaxrl_sys.train.recipe.presets import load_model
+from jaxrl_sys.train.step import batch as batch_lib
+from jaxrl_sys.train.step.config import OptimConfig, train_config_for_algo
+from jaxrl_sys.train.step.optim import make_optimizer
+from jaxrl_sys.train.step.state import abstract_state, init_train_state
+from jaxrl_sys.train.step.update import make_train_fns
 from tests.precision_helpers import per_backend
 from tests.train.common import bf16_hf_dir
 
@@ -143,11 +143,12 @@ def test_recipe_resolves_the_policy_and_wires_the_behaviour_cap():
   """"auto" resolves for the backend (float32 on a CPU) and is recorded resolved (config.json)
   and in the checkpoint identity; --behav_weight_cap turns on the truncated behaviour weight in
   sync mode."""
-  from jaxrl_sys.train import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.recipe import build as recipe_lib  # pylint: disable=import-outside-toplevel
   from tests.train.common import quick  # pylint: disable=import-outside-toplevel
   plain = recipe_lib.build_recipe(quick(compute_dtype="auto", rollout_dtype="auto"))
   auto = per_backend(cpu="float32", gpu="bfloat16")
-  assert (plain.config.compute_dtype, plain.config.rollout_dtype) == (auto, auto)
+  assert (plain.config.precision.compute_dtype, plain.config.precision.rollout_dtype) == (
+      auto, auto)
   assert plain.model.config.param_dtype == "float32" and not plain.train.loss.decoupled
   capped = recipe_lib.build_recipe(quick(rollout_dtype="bfloat16", behav_weight_cap=2.0))
   loss = capped.train.loss
@@ -157,5 +158,5 @@ def test_recipe_resolves_the_policy_and_wires_the_behaviour_cap():
   assert (ident["param_dtype"], ident["compute_dtype"], ident["rollout_dtype"],
           ident["behav_weight_cap"]) == ("float32", "float32", "bfloat16", 2.0)
   assert capped.precision.rollout_model(capped.model.config).compute_dtype == "bfloat16"
-  with pytest.raises(ValueError, match="--rollout_dtype='fp8'"):
+  with pytest.raises(ValueError, match="rollout_dtype='fp8'"):
     recipe_lib.build_recipe(quick(rollout_dtype="fp8"))
