@@ -40,15 +40,19 @@ class PrecisionConfig:
       dtype; "auto" = the compute dtype.
     accum_dtype: gradient accumulation over micro-batches, clipping and the optimizer's input
       (float32 only: the gradient is never cast to the parameter dtype).
+    export_dtype: dtype of the `--export_hf` tensors (None: the checkpoint's own, float32 for
+      the presets; filled in when the run is built).
   """
   param_dtype: str = "float32"
   compute_dtype: str = AUTO
   rollout_dtype: str = AUTO
   accum_dtype: str = "float32"
+  export_dtype: str | None = None
 
   def __post_init__(self):
     for name, allowed in (("param_dtype", DTYPES), ("compute_dtype", DTYPES + (AUTO,)),
-                          ("rollout_dtype", DTYPES + (AUTO,)), ("accum_dtype", ("float32",))):
+                          ("rollout_dtype", DTYPES + (AUTO,)), ("accum_dtype", ("float32",)),
+                          ("export_dtype", DTYPES + (None,))):
       if getattr(self, name) not in allowed:
         raise ValueError(f"--{name}={getattr(self, name)!r}: use one of {list(allowed)}")
 

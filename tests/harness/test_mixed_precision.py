@@ -65,7 +65,7 @@ def test_bf16_checkpoint_with_bf16_rollout(tmp_path, monkeypatch):
   config = json.load(open(tmp_path / "a" / "config.json"))["precision"]
   assert (config["param_dtype"], config["compute_dtype"], config["rollout_dtype"]) == (
       "float32", "float32", "bfloat16")
-  assert recipe.config.output.export_dtype == "bfloat16"  # the checkpoint's own
+  assert config["export_dtype"] == "bfloat16"  # the checkpoint's own
 
   # final_params.npz: plain float32 numbers for numpy, equal to the masters.
   with np.load(tmp_path / "a" / "final_params.npz", allow_pickle=False) as npz:

@@ -157,6 +157,6 @@ def test_recipe_resolves_the_policy_and_wires_the_behaviour_cap():
   ident = capped.checkpoint.identity
   assert (ident["param_dtype"], ident["compute_dtype"], ident["rollout_dtype"],
           ident["behav_weight_cap"]) == ("float32", "float32", "bfloat16", 2.0)
-  assert capped.precision.rollout_model(capped.model.config).compute_dtype == "bfloat16"
+  assert capped.config.precision.rollout_model(capped.model.config).compute_dtype == "bfloat16"
   with pytest.raises(ValueError, match="rollout_dtype='fp8'"):
     recipe_lib.build_recipe(quick(rollout_dtype="fp8"))

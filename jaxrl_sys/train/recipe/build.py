@@ -166,7 +166,7 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   if model.is_preset:
     model.config = dataclasses.replace(model.config, max_seq_len=rc.loop.seq_len)
   model.config = precision.train_model(model.config)
-  rc = rc.replace(**{"output.export_dtype": rc.output.export_dtype or model.source_dtype})
+  rc = rc.replace(**{"precision.export_dtype": rc.precision.export_dtype or model.source_dtype})
   if rc.output.export_hf and model.is_preset and model.config.moe is not None:
     raise ValueError(f"--export_hf with --model={rc.model.name}: the tiny MoE preset has no "
                      "Hugging Face equivalent (aux-free routing biases, no q/k norms); export "
@@ -315,7 +315,7 @@ def _export(recipe: Recipe, params) -> None:
     config = dataclasses.replace(config, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
     files = tok.hf_tokenizer_files()
   export_hf(rc.output.export_hf, config, params, tokenizer_dir=model.hf_dir, tokenizer_files=files,
-            overwrite=rc.output.overwrite, dtype=rc.output.export_dtype)
+            overwrite=rc.output.overwrite, dtype=rc.precision.export_dtype)
 
 
 def _read_history(out_dir: str) -> list[dict]:

@@ -185,19 +185,11 @@ class OutputConfig:
     export_hf: write the trained policy as a Hugging Face directory (safetensors, config.json,
       tokenizer files).
     progress: show the progress bar on stderr.
-    export_dtype: dtype of the `export_hf` tensors, "float32" or "bfloat16" (None: the
-      checkpoint's own, float32 for the presets).
   """
   out_dir: str | None = None
   overwrite: bool = False
   export_hf: str | None = None
   progress: bool = True
-  export_dtype: str | None = None
-
-  def __post_init__(self):
-    if self.export_dtype not in (None, "float32", "bfloat16"):
-      raise ValueError(f"--export_dtype={self.export_dtype!r}: use float32 or bfloat16 (unset = "
-                       "the checkpoint's own dtype)")
 
 
 # Short flag names (what users type today) -> the field they set.
@@ -221,8 +213,9 @@ ALIASES = {
     "keep_checkpoints": "checkpoint.keep",
     "out_dir": "output.out_dir", "overwrite": "output.overwrite",
     "export_hf": "output.export_hf", "progress": "output.progress",
-    "export_dtype": "output.export_dtype", "behav_weight_cap": "train.behav_weight_cap",
-    **{name: f"precision.{name}" for name in ("param_dtype", "compute_dtype", "rollout_dtype")},
+    "behav_weight_cap": "train.behav_weight_cap",
+    **{name: f"precision.{name}" for name in ("param_dtype", "compute_dtype", "rollout_dtype",
+                                              "export_dtype")},
     **{name: f"rollout.{name}" for name in (
         "rollout", "num_workers", "ray_address", "weight_store", "preempt_trace",
         "trace_time_scale", "chaos_kill_every", "chaos_restart_after", "worker_token_delay",
