@@ -1,9 +1,11 @@
 """Elastic-rollout benchmarks, one function per part (`--part`, default: every part).
 
-(a) New-worker ready time vs weight bytes. For transformer-shaped params (bf16 matrices, f32
-    norms) of about `--sizes_mb` MB and each weight store backend (tensorstore on a local
-    directory; the Ray object store), measures the trainer's publish (the blocking host copy,
-    and the total until committed), then the first `fetch` (read + crc32 check of every chunk)
+(a) New-worker ready time vs weight bytes. For transformer-shaped float32 masters of about
+    `--sizes_mb` MB, each rollout dtype (`--rollout_dtypes`: the masters published as they are,
+    or cast to bfloat16 first, as `train.precision.rollout_weights` does in the loop) and each
+    weight store backend (tensorstore on a local directory; the Ray object store), measures the
+    bytes published, the trainer's publish (the cast plus the blocking host copy, and the total
+    until committed), then the first `fetch` (read + crc32 check of every chunk)
     in a fresh reader process (a subprocess; a new Ray actor), against a raw copy of the same
     bytes in another fresh process (plain `open().readinto` of the same files into new buffers;
     `ray.get` of one bytes blob of the same size, no checks). Target: fetch within 2x of raw.
@@ -57,14 +59,14 @@ print(json.dumps(time.perf_counter() - t))
 
 
 def transformer_params(nbytes: int, layers: int = 4):
-  """Dense-transformer-shaped params of about `nbytes`: hidden H (a multiple of 16), vocab 4H,
-  MLP 3H; bf16 `[H, H]`/`[H, 3H]`/`[3H, H]`/`[4H, H]` matrices and f32 `[H]` norms, as jax
-  arrays (what the trainer publishes)."""
+  """Dense-transformer-shaped float32 masters of about `nbytes`: hidden H (a multiple of 16),
+  vocab 4H, MLP 3H; `[H, H]`/`[H, 3H]`/`[3H, H]`/`[4H, H]` matrices and `[H]` norms, as jax
+  arrays (what the trainer holds)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  h = max(64, int(round((nbytes / (2 * (4 + 13 * layers))) ** 0.5 / 16)) * 16)
+  h = max(64, int(round((nbytes / (4 * (4 + 13 * layers))) ** 0.5 / 16)) * 16)
   key = iter(jax.random.split(jax.random.PRNGKey(0), 16 * layers + 2))
-  mat = lambda *s: jax.random.normal(next(key), s, jnp.bfloat16)  # noqa: E731
+  mat = lambda *s: jax.random.normal(next(key), s, jnp.float32)  # noqa: E731
   params = {"embed": mat(4 * h, h), "final_norm": jnp.ones((h,), jnp.float32), "layers": [
       {"attn": {"q": mat(h, h), "k": mat(h, h), "v": mat(h, h), "o": mat(h, h)},
        "mlp": {"gate": mat(h, 3 * h), "up": mat(h, 3 * h), "down": mat(3 * h, h)},
@@ -104,18 +106,19 @@ def _subprocess_seconds(code: str, arg) -> float:
   return float(out.stdout.strip().splitlines()[-1])
 
 
-def _publish(store, params, version: int) -> tuple[float, float]:
+def _publish(store, params, version: int, rollout_dtype: str) -> tuple[float, float]:
+  from jaxrl_sys.train.precision import rollout_weights  # pylint: disable=import-outside-toplevel
   t = time.perf_counter()
-  store.publish(version, params, None)
+  store.publish(version, rollout_weights(params, rollout_dtype), None)
   block = time.perf_counter() - t
   store.wait()
   return block, time.perf_counter() - t
 
 
-def _tensorstore_row(params, nbytes: int, repeats: int, root: str) -> dict:
+def _tensorstore_row(params, dtype: str, repeats: int, root: str) -> dict:
   from jaxrl_sys.rollout import ts_weights  # pylint: disable=import-outside-toplevel
   store = ts_weights.TensorstoreWeightStore(root)
-  pubs = [_publish(store, params, v) for v in range(1, repeats + 1)]
+  pubs = [_publish(store, params, v, dtype) for v in range(1, repeats + 1)]
   store.gc(in_use=[])
   ref = store.ref()
   with open(os.path.join(root, f"v{ref.version}", "manifest.json")) as f:
@@ -126,10 +129,10 @@ def _tensorstore_row(params, nbytes: int, repeats: int, root: str) -> dict:
     fetch.append(_subprocess_seconds(_TS_READER, dataclasses.asdict(ref)))
     raw.append(_subprocess_seconds(_RAW_READER, files))
   store.close()
-  return _row("tensorstore (local dir)", nbytes, pubs, fetch, raw)
+  return _row("tensorstore (local dir)", dtype, ref_bytes(params), ref.nbytes, pubs, fetch, raw)
 
 
-def _ray_rows(sizes: list[int], repeats: int) -> list[dict]:
+def _ray_rows(sizes: list[int], dtypes: list[str], repeats: int) -> list[dict]:
   import ray  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.rollout import ray_weights  # pylint: disable=import-outside-toplevel
   ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
@@ -150,10 +153,10 @@ def _ray_rows(sizes: list[int], repeats: int) -> list[dict]:
       return _timed(lambda: ray.get(box["blob"]))
 
   rows = []
-  for nbytes in sizes:
+  for nbytes, dtype in [(n, d) for n in sizes for d in dtypes]:
     params = transformer_params(nbytes)
     store = ray_weights.RayWeightStore()
-    pubs = [_publish(store, params, v) for v in range(1, repeats + 1)]
+    pubs = [_publish(store, params, v, dtype) for v in range(1, repeats + 1)]
     store.gc(in_use=[])
     ref = store.ref()
     blob = ray.put(np.random.default_rng(0).bytes(ref.nbytes))
@@ -164,8 +167,8 @@ def _ray_rows(sizes: list[int], repeats: int) -> list[dict]:
         out.append(ray.get(getattr(actor, kind).remote({"ref": ref, "blob": blob})))
         ray.kill(actor)
     store.close()
+    rows.append(_row("ray object store", dtype, ref_bytes(params), ref.nbytes, pubs, fetch, raw))
     del store, ref, blob
-    rows.append(_row("ray object store", ref_bytes(params), pubs, fetch, raw))
   ray.shutdown()
   return rows
 
@@ -175,10 +178,12 @@ def ref_bytes(params) -> int:
   return int(sum(x.nbytes for x in jax.tree.leaves(params)))
 
 
-def _row(backend: str, nbytes: int, pubs, fetch, raw) -> dict:
+def _row(backend: str, dtype: str, master_bytes: int, nbytes: int, pubs, fetch, raw) -> dict:
+  """One measurement: `master_bytes` of float32 masters published as `nbytes` of `dtype`."""
   med = statistics.median
   f, r = med(fetch), med(raw)
-  return {"backend": backend, "MB": round(nbytes / 1e6, 1),
+  return {"backend": backend, "rollout_dtype": dtype,
+          "masters_MB": round(master_bytes / 1e6, 1), "MB": round(nbytes / 1e6, 1),
           "publish_block_ms": 1e3 * med(p[0] for p in pubs),
           "publish_total_ms": 1e3 * med(p[1] for p in pubs),
           "fetch_ms": 1e3 * f, "raw_copy_ms": 1e3 * r, "fetch/raw": f / r,
@@ -188,14 +193,16 @@ def _row(backend: str, nbytes: int, pubs, fetch, raw) -> dict:
 def part_a(args) -> dict:
   """New-worker ready time vs weight bytes (see the module docstring)."""
   sizes = [int(float(s) * 1e6) for s in args.sizes_mb.split(",")]
+  dtypes = args.rollout_dtypes.split(",")
   rows = []
   with tempfile.TemporaryDirectory(prefix="elastic_a_", dir=args.tmp_dir) as tmp:
     for nbytes in sizes:
       params = transformer_params(nbytes)
-      rows.append(_tensorstore_row(params, ref_bytes(params), args.repeats,
-                                   os.path.join(tmp, f"ts{nbytes}")))
+      for dtype in dtypes:
+        rows.append(_tensorstore_row(params, dtype, args.repeats,
+                                     os.path.join(tmp, f"ts{nbytes}-{dtype}")))
   if not args.skip_ray:
-    rows += _ray_rows(sizes, args.repeats)
+    rows += _ray_rows(sizes, dtypes, args.repeats)
   print("\n(a) new-worker ready time: first verified fetch in a fresh process vs a raw copy "
         f"(median of {args.repeats})")
   table = print_table(rows)
@@ -238,6 +245,8 @@ def main() -> None:
   ap.add_argument("--sizes_mb", default="4,16,64,256", help="(a) weight sizes, MB")
   ap.add_argument("--repeats", type=int, default=3,
                   help="repeats per measurement (median): fresh readers (a), trials (b, c)")
+  ap.add_argument("--rollout_dtypes", default="float32,bfloat16",
+                  help="(a) dtypes the float32 masters are published in")
   ap.add_argument("--skip_ray", action="store_true", help="(a) tensorstore only")
   ap.add_argument("--tmp_dir", default=None, help="(a) directory for the tensorstore store")
   ap.add_argument("--b_requests", type=int, default=32, help="(b) requests in the batch")

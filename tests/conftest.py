@@ -23,6 +23,10 @@ jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
+from tests.precision_helpers import configure_for_backend  # noqa: E402
+
+configure_for_backend(os.environ["JAX_PLATFORMS"])
+
 
 import pytest  # noqa: E402
 

@@ -8,6 +8,8 @@
   Sum numerators and denominators over gradient-accumulation micro-batches and divide once,
   or pass the whole batch's `loss_denominator(...)` as `denominator=`.
 * KL to a reference: `kl_estimate` (k1/k2/k3), `kl_penalized_rewards` (as a reward penalty).
+* Rollout-train mismatch: `mismatch_stats` (mean / max |logp_train - logp_rollout|, fraction of
+  tokens whose ratio leaves [0.5, 2]); the remedy is `behav_weight_cap`.
 * VCPO: `sequence_log_weights`, `effective_sample_size` (log space), `ess_lr_scale`, the optax
   transformation `scale_by_ess`, the OPOB baseline `opob_baseline` / `opob_advantages` and
   `per_sequence_grad_sq_norms` (per-trajectory gradient norms via vmap(grad)).
@@ -27,16 +29,17 @@ from jaxrl_sys.losses.config import PRESETS, AdvantageConfig, PolicyLossConfig, 
 from jaxrl_sys.losses.ess import (ScaleByESSState, effective_sample_size, ess_lr_scale,
                                   scale_by_ess, sequence_log_weights)
 from jaxrl_sys.losses.kl import kl_estimate, kl_penalized_rewards
+from jaxrl_sys.losses.mismatch import mismatch_stats
 from jaxrl_sys.losses.opob import opob_advantages, opob_baseline, per_sequence_grad_sq_norms
 from jaxrl_sys.losses.policy import (dapo_loss, decoupled_ppo_loss, drgrpo_loss, grpo_loss,
                                      policy_loss)
 
 __all__ = [
     "AdvantageConfig", "AdvantageOutput", "LossOutput", "NonFiniteError", "PRESETS",
-    "PolicyLossConfig", "ScaleByESSState", "aggregate", "check_finite", "checked",
-    "dapo_loss", "decoupled_ppo_loss", "drgrpo_loss", "effective_sample_size",
-    "enable_checks", "ess_lr_scale", "grpo_loss", "group_advantages", "kl_estimate",
-    "kl_penalized_rewards", "loss_denominator", "mc_grpo_advantages", "opob_advantages",
-    "opob_baseline", "per_sequence_grad_sq_norms", "policy_loss", "preset", "scale_by_ess",
-    "sequence_log_weights", "validate_rewards",
+    "PolicyLossConfig", "ScaleByESSState", "aggregate", "check_finite", "checked", "dapo_loss",
+    "decoupled_ppo_loss", "drgrpo_loss", "effective_sample_size", "enable_checks", "ess_lr_scale",
+    "grpo_loss", "group_advantages", "kl_estimate", "kl_penalized_rewards", "loss_denominator",
+    "mc_grpo_advantages", "mismatch_stats", "opob_advantages", "opob_baseline",
+    "per_sequence_grad_sq_norms", "policy_loss", "preset", "scale_by_ess", "sequence_log_weights",
+    "validate_rewards",
 ]

@@ -66,12 +66,15 @@ def load_hf_config(directory: str) -> ModelConfig:
   return architecture(arch, directory)[0](cfg)
 
 
-def load_hf_checkpoint(directory: str, dtype: str | None = None) -> tuple[ModelConfig, dict]:
+def load_hf_checkpoint(directory: str, dtype: str | None = "float32"
+                       ) -> tuple[ModelConfig, dict]:
   """Loads an HF model directory into (ModelConfig, params of jnp arrays).
 
   Args:
     directory: holds config.json and model.safetensors (or a sharded index).
-    dtype: "float32" / "bfloat16" to override the checkpoint's parameter and compute dtype.
+    dtype: the parameter and compute dtype: "float32" (default: float32 masters whatever the
+      checkpoint holds, so small updates are not rounded away), "bfloat16", or None for the
+      checkpoint's own (`load_hf_config(directory).param_dtype`, its source dtype).
   """
   with open(os.path.join(directory, "config.json")) as f:
     cfg = json.load(f)
@@ -87,10 +90,16 @@ def load_hf_checkpoint(directory: str, dtype: str | None = None) -> tuple[ModelC
 
 
 def save_hf_checkpoint(directory: str, config: ModelConfig, params: dict,
-                       max_shard_bytes: int = 2 << 30) -> None:
-  """Writes config.json + safetensors that `transformers` (and `load_hf_checkpoint`) read."""
+                       max_shard_bytes: int = 2 << 30, dtype: str | None = None) -> None:
+  """Writes config.json + safetensors that `transformers` (and `load_hf_checkpoint`) read.
+
+  `dtype` ("float32" / "bfloat16"): the tensors' and config.json's dtype (None: the params'
+  own, `config.param_dtype`); float32 masters of a bfloat16 checkpoint go back as bfloat16."""
   _, _, from_params, to_hf = architecture(config.architecture, "the model config (export)")
-  host = jax.tree_util.tree_map(np.asarray, jax.device_get(params))
+  if dtype is not None:
+    config = dataclasses.replace(config, param_dtype=dtype)
+  cast = lambda a: a.astype(config.pdtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
+  host = jax.tree_util.tree_map(lambda a: cast(np.asarray(a)), jax.device_get(params))
   tensors = {k: np.ascontiguousarray(v) for k, v in from_params(host, config).items()}
   os.makedirs(directory, exist_ok=True)
   safetensors_io.write_checkpoint(directory, tensors, max_shard_bytes)

@@ -25,7 +25,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def export_hf(directory: str, config: ModelConfig, params: Any, *,
               tokenizer_dir: str | None = None,
               tokenizer_files: Mapping[str, str] | None = None,
-              overwrite: bool = False) -> list[str]:
+              overwrite: bool = False, dtype: str | None = None) -> list[str]:
   """Writes an HF model directory and returns the names of the files written.
 
   Args:
@@ -35,6 +35,7 @@ def export_hf(directory: str, config: ModelConfig, params: Any, *,
     tokenizer_dir: a directory whose tokenizer files (TOKENIZER_FILES) are copied.
     tokenizer_files: file name -> text, written after the copies.
     overwrite: allow a non-empty `directory` (files of the same names are replaced).
+    dtype: the exported tensors' dtype ("float32" / "bfloat16"; None: `config.param_dtype`).
 
   Raises:
     ValueError: `directory` is a file, or non-empty without `overwrite`; unsupported
@@ -46,7 +47,7 @@ def export_hf(directory: str, config: ModelConfig, params: Any, *,
   if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
     raise ValueError(f"--export_hf={directory} is not empty; choose a new directory or pass "
                      "--overwrite")
-  save_hf_checkpoint(directory, config, params)
+  save_hf_checkpoint(directory, config, params, dtype=dtype)
   if tokenizer_dir is not None:
     for name in TOKENIZER_FILES:
       src = os.path.join(tokenizer_dir, name)

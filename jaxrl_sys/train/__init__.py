@@ -10,6 +10,8 @@
 - `TrainBatch`, `Sample`, `pack`, `stack`: completions -> fixed-shape padded arrays.
 - `make_optimizer` (clip -> AdamW(schedule) -> ESS scale), `make_schedule`; `TrainConfig`
   (+ `train_config_for_algo`), `OptimConfig`.
+- `PrecisionConfig` (float32 masters and moments, compute and rollout dtypes;
+  `rollout_weights` casts the masters for publishing).
 
 `loop/`, the side effects:
 - `RLLoop(...).run() -> RunResult`: prompts -> rollout (any `RolloutClient`; in-process engine
@@ -49,15 +51,16 @@ from jaxrl_sys.train.step.state import (TrainState, abstract_state, init_train_s
 from jaxrl_sys.train.step.update import (Accum, TrainFns, accumulate, apply, fused_step, init_accum,
                                          make_train_fns, token_logprobs, train_step)
 from jaxrl_sys.train.loop.supervised import supervised_warmup
+from jaxrl_sys.train.precision import PrecisionConfig, rollout_weights
 
 __all__ = [
     "ALGOS", "Accum", "CheckpointConfig", "CheckpointMismatchError", "Checkpointer",
     "DivergenceError", "DivergenceGuard", "LoopConfig", "MODES", "MetricsLogger", "OptimConfig",
-    "PeriodicEval", "Progress", "RLLoop", "RecipeConfig", "RecipeResult", "Restored",
-    "RolloutBuffer", "RunConfig", "RunResult", "Sample", "TrainBatch", "TrainConfig", "TrainFns",
-    "TrainState", "abstract_state", "accumulate", "apply", "build_recipe", "evaluate",
+    "PeriodicEval", "PrecisionConfig", "Progress", "RLLoop", "RecipeConfig", "RecipeResult",
+    "Restored", "RolloutBuffer", "RunConfig", "RunResult", "Sample", "TrainBatch", "TrainConfig",
+    "TrainFns", "TrainState", "abstract_state", "accumulate", "apply", "build_recipe", "evaluate",
     "fingerprint", "fused_step", "init_accum", "init_train_state", "load_model", "make_optimizer",
     "make_schedule", "make_train_fns", "new_run_dir", "pack", "plot_history", "prepare_run_dir",
-    "run_recipe", "stack", "state_shardings", "supervised_warmup", "token_logprobs",
-    "train_config_for_algo", "train_step", "with_shardings",
+    "rollout_weights", "run_recipe", "stack", "state_shardings", "supervised_warmup",
+    "token_logprobs", "train_config_for_algo", "train_step", "with_shardings",
 ]

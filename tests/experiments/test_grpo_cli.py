@@ -125,6 +125,7 @@ def test_mesh_8x4_on_32_fake_devices(tmp_path):
 @pytest.mark.parametrize("flag,message", [
     ("--mesh=8x", "bad mesh string '8x'"),
     ("--algo=ppo", "unknown --algo 'ppo'"),
+    ("--behav_weight_cap=0", "--behav_weight_cap=0.0 must be > 0"),
 ])
 def test_cli_rejects_bad_input(tmp_path, flag, message):
   rc, _, err = _run([flag, "--steps=1", f"--out_dir={tmp_path}"])

@@ -64,6 +64,8 @@ def test_jsonl_task_with_module_reward_learns(tmp_path):
   assert "outputs:" in err and "metrics.jsonl (60 rows)" in err and "reward_kl.png" in err
   first = err.splitlines()[:2]  # said at the start: what loads, then where the outputs go
   assert first[0].startswith("loading model 'tiny'") and first[1] == f"run directory: {out}"
+  assert ("precision: masters + moments float32, compute float32, rollout float32, gradient "
+          "sums float32") in err  # the policy, named at start-up ("auto" = float32 on a CPU)
 
 
 def test_config_file_round_trip(tmp_path):

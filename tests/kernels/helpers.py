@@ -3,6 +3,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tests.precision_helpers import float32_tolerance
+
 # Interpret-mode kernels become large while-loop programs; at test sizes XLA's backend
 # optimisations cost more compile time (2-3x) than they save at run time.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
@@ -14,8 +16,9 @@ def jit(fun, **kwargs):
 
 
 def assert_close(actual, expected, dtype=jnp.float32, scale=1.0):
-  """Leaf-wise closeness. fp32: 1e-5 (atol relative to the magnitude `scale`); bf16: 2e-2."""
-  tol = 1e-5 if jnp.dtype(dtype) == jnp.float32 else 2e-2
+  """Leaf-wise closeness. fp32: `float32_tolerance()` (1e-5 at full matmul precision; atol
+  relative to the magnitude `scale`); bf16: 2e-2."""
+  tol = float32_tolerance() if jnp.dtype(dtype) == jnp.float32 else 2e-2
   actual, expected = jax.tree.leaves(actual), jax.tree.leaves(expected)
   assert len(actual) == len(expected), (len(actual), len(expected))
   for a, e in zip(actual, expected):

@@ -9,6 +9,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxrl_sys.kernels import fused_logprobs
 from tests.kernels.helpers import assert_close, jit
+from tests.precision_helpers import needs_devices
 
 TEMP = 0.7
 BLOCKS = dict(block_tokens=16, block_vocab=32, block_d=16)
@@ -88,6 +89,7 @@ def test_jit_and_vmap(keys):
   assert_close(f(hb, yb), expected, scale=10.0)
 
 
+@needs_devices(4)
 @pytest.mark.parametrize("impl", ["xla", "pallas"])
 def test_shard_map_tokens_sharded(keys, impl):
   mesh = jax.make_mesh((4,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from jaxrl_sys import models, sharding
 from jaxrl_sys.models import moe, moe_routing
+from tests.precision_helpers import needs_devices
 
 
 def _cfg(**moe_kw):
@@ -98,6 +99,7 @@ def test_ragged_and_dense_experts_agree_with_padding():
   np.testing.assert_allclose(np.asarray(a.aux["load"]).sum(-1), 2 * 10.0)   # padding not counted
 
 
+@needs_devices(8)
 def test_expert_parallel_forward_and_grads_equal_single_device():
   cfg = _cfg(num_experts=8)
   ep = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, implementation="expert_parallel"))

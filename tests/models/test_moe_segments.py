@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxrl_sys import models
 from jaxrl_sys.models import moe, moe_experts, moe_segments
 from jaxrl_sys.sharding import make_mesh
+from tests.precision_helpers import needs_devices
 from tests.models.test_moe_blocked import (_experts, _routing, assert_matches_dense,
                                            assert_model_matches_dense)
 
@@ -88,6 +89,7 @@ def test_bfloat16_tokens_keep_dtypes_and_match_dense_rounding():
   assert _max_rel_err(got, ref) <= 2 * _max_rel_err(dense_bf16, ref)
 
 
+@needs_devices(8)
 def test_tokens_sharded_over_a_data_mesh():
   n, e, k = 640, 8, 2
   experts, gates, active = _routing(n, e, k, seed=5, skew=2.0)

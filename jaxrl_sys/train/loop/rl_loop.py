@@ -60,6 +60,7 @@ from jaxrl_sys.train.step.state import (TrainState, abstract_state, init_train_s
                                         state_shardings, with_shardings)
 from jaxrl_sys.train.step.update import make_train_fns
 from jaxrl_sys.train.loop.step_stats import StepStats, step_stats
+from jaxrl_sys.train.precision import PrecisionConfig, rollout_weights
 
 log = logging.getLogger(__name__)
 
@@ -79,17 +80,18 @@ def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
 
-def _weights(state: TrainState, mesh=None):
-  """The parameters as they are (the train step does not donate them, so the in-memory store
-  shares them with the engine) and a copy of the MoE state (donated). With `mesh` (one
-  spanning several processes): this process's local view of both, for its own engine."""
-  params, moe = state.params, _copy(state.moe_state)
+def _weights(state: TrainState, rollout_dtype: str, mesh=None):
+  """The parameters in the rollout dtype (masters already in it go as they are: the train step
+  does not donate them, so the in-memory store shares them with the engine) and a copy of the
+  MoE state (donated). With `mesh` (one spanning several processes): this process's local view
+  of both, for its own engine."""
+  params, moe = rollout_weights(state.params, rollout_dtype), _copy(state.moe_state)
   return (params, moe) if mesh is None else multihost.localize((params, moe), mesh)
 
 
-def _publish(client, state: TrainState, version: int, mesh=None) -> None:
-  """Publishes `_weights(state, mesh)` as `version`."""
-  params, moe = _weights(state, mesh)
+def _publish(client, state: TrainState, version: int, rollout_dtype: str, mesh=None) -> None:
+  """Publishes `_weights(state, rollout_dtype, mesh)` as `version`."""
+  params, moe = _weights(state, rollout_dtype, mesh)
   client.publish_weights(params, version, moe)
 
 
@@ -118,6 +120,9 @@ class RLLoop:
       step, then hand their requests to the remote ones; None = off.
     step_hooks: callables `hook(step, state, row)` run after each step, before its metrics
       row is logged; they may add entries to `row` (e.g. periodic evaluation).
+    precision: dtypes of the masters / compute / rollout (`train.precision`; "auto" resolved
+      here for the default backend); it overrides `model_config`'s dtypes. None = what
+      `model_config` says, rollout in its compute dtype.
   """
 
   def __init__(self, model_config: ModelConfig, train_config: TrainConfig, loop_config: LoopConfig,
@@ -127,8 +132,12 @@ class RLLoop:
                resume: bool = False, out_dir: str | None = None, progress: bool = False,
                rules: Rules = DEFAULT_RULES, warmup_engine: bool = False, clock: Clock = WALL,
                offload: OffloadConfig | None = None,
-               step_hooks: Sequence[Callable[[int, TrainState, dict], None]] = ()):
+               step_hooks: Sequence[Callable[[int, TrainState, dict], None]] = (),
+               precision: PrecisionConfig | None = None):
     check_lengths(model_config, loop_config)
+    self.precision = (precision or PrecisionConfig.of_model(model_config)).resolve()
+    model_config = self.precision.train_model(model_config)
+    self.rollout_mc = self.precision.rollout_model(model_config)
     if abs(train_config.temperature - loop_config.temperature) > 0:
       raise ValueError(f"TrainConfig.temperature={train_config.temperature} must equal the "
                        f"sampling temperature {loop_config.temperature}")
@@ -138,7 +147,8 @@ class RLLoop:
     median = train_config.advantage.baseline == "median"
     self.samples = loop_config.group_size + int(median)
     self.optimizer = make_optimizer(train_config.optim, ess_rule=train_config.ess_rule,
-                                    base_ess_ratio=train_config.base_ess_ratio)
+                                    base_ess_ratio=train_config.base_ess_ratio,
+                                    moment_dtype=self.precision.param_dtype)
     self.schedule = make_schedule(train_config.optim)
     self.abstract = abstract_state(model_config, train_config, self.optimizer)
     self.fns = make_train_fns(model_config, train_config, self.optimizer, self.abstract, mesh,
@@ -379,12 +389,12 @@ class RLLoop:
     step = int(jax.device_get(state.step))
     client = self._client
     if client is None:
-      params, moe = _weights(state, self._publish_mesh)
-      client = default_client(self.mc, params, self.lc, self.tok.eos_id, step, self.samples,
-                              self._engine_config, moe, warmup=self._warmup_engine,
-                              clock=self.clock)
+      params, moe = _weights(state, self.precision.rollout_dtype, self._publish_mesh)
+      client = default_client(self.rollout_mc, params, self.lc, self.tok.eos_id, step,
+                              self.samples, self._engine_config, moe,
+                              warmup=self._warmup_engine, clock=self.clock)
     else:
-      _publish(client, state, step, self._publish_mesh)
+      _publish(client, state, step, self.precision.rollout_dtype, self._publish_mesh)
     self.client = client
     if self.offload is not None and hasattr(client, "worker_times"):
       saved = host.get("offload")
@@ -414,7 +424,7 @@ class RLLoop:
           while client.num_pending():  # finish the next batch on the weights that started it
             t_roll += self._poll(client, buffer)
         step += 1
-        _publish(client, state, step, self._publish_mesh)
+        _publish(client, state, step, self.precision.rollout_dtype, self._publish_mesh)
         self._boundary(client, buffer, step)
         row = self._metrics(metrics, stats, t_roll, t_train, self.clock.now() - t_step, step - 1)
         now_counters = client_counters(client)

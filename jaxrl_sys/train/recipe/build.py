@@ -27,7 +27,6 @@ import re
 from typing import Any
 
 import jax
-import numpy as np
 
 from jaxrl_sys import backend
 from jaxrl_sys.models import init_params
@@ -47,7 +46,7 @@ from jaxrl_sys.train.recipe.presets import LoadedModel, load_model
 from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup, ray_client
 from jaxrl_sys.train.recipe.run_config import RecipeConfig, RunConfig
 from jaxrl_sys.train.recipe.run_dir import (check_directory_path, describe_outputs, prepare_run_dir,
-                                            write_json)
+                                            save_params, write_json)
 from jaxrl_sys.train.loop.supervised import supervised_warmup
 
 log = logging.getLogger(__name__)
@@ -61,7 +60,8 @@ PRESET_SFT_STEPS = 60
 IDENTITY_KEYS = ("model", "algo", "task", "task_args", "reward", "group_size",
                  "prompts_per_step", "mode", "max_staleness", "max_new_tokens", "max_prompt_len",
                  "temperature", "kl_coef", "seed", "chat_template", "oversample",
-                 "skip_nonfinite")
+                 "skip_nonfinite", "param_dtype", "compute_dtype", "rollout_dtype",
+                 "behav_weight_cap")
 
 
 def parse_task_args(text: str) -> dict[str, Any]:
@@ -136,6 +136,8 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   """
   rc = rc.run_config() if hasattr(rc, "run_config") else rc
   spec = parse_mesh(rc.distributed.mesh)
+  precision = rc.precision.resolve()  # "auto" -> this backend's dtypes, recorded as resolved
+  rc = dataclasses.replace(rc, precision=precision)
   for path in (rc.output.out_dir, rc.checkpoint.directory, rc.output.export_hf):
     if path:
       check_directory_path(path, {rc.output.out_dir: "--out_dir", rc.output.export_hf:
@@ -164,6 +166,8 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
                      "loop.max_new_tokens": rc.loop.max_new_tokens or new_tokens or 16})
   if model.is_preset:
     model.config = dataclasses.replace(model.config, max_seq_len=rc.loop.seq_len)
+  model.config = precision.train_model(model.config)
+  rc = rc.replace(**{"precision.export_dtype": rc.precision.export_dtype or model.source_dtype})
   if rc.output.export_hf and model.is_preset and model.config.moe is not None:
     raise ValueError(f"--export_hf with --model={rc.model.name}: the tiny MoE preset has no "
                      "Hugging Face equivalent (aux-free routing biases, no q/k norms); export "
@@ -244,6 +248,7 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
     progress.message(f"run directory: {run_dir}")
     if not (resume and os.path.exists(config_path)):  # a resumed run's is replaced at the end
       write_json(config_path, reproducible(rc))
+  progress.message(rc.precision.describe())
   mesh = recipe_mesh(recipe.mesh_spec)
 
   def init():
@@ -270,11 +275,12 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   if recipe.rollout.rollout == "ray":
     engine = default_engine_config(recipe.loop, recipe.loop.group_size + int(
         recipe.train.advantage.baseline == "median"), tok.eos_id)
-    client = ray_client(recipe.rollout, mc, engine, seed=rc.loop.seed,
+    client = ray_client(recipe.rollout, rc.precision.rollout_model(mc), engine, seed=rc.loop.seed,
                         compile_cache=jax.config.jax_compilation_cache_dir or None)
   loop = RLLoop(mc, recipe.train, recipe.loop, recipe.task, tok, mesh, init_params=init,
                 client=client, checkpoint=ckpt, resume=resume, out_dir=run_dir,
-                progress=progress, offload=recipe.rollout.offload_config(), step_hooks=hooks)
+                progress=progress, offload=recipe.rollout.offload_config(), step_hooks=hooks,
+                precision=rc.precision)
   try:
     result = loop.run()
   except DivergenceError:
@@ -314,7 +320,8 @@ def _plot(recipe: Recipe, run_dir: str, history: list[dict]) -> None:
   rc = recipe.config
   history = _read_history(run_dir) or history
   plot_history(history, os.path.join(run_dir, "reward_kl.png"),
-               (("reward_mean", "eval_reward"), "kl"),
+               (("reward_mean", "eval_reward"), "kl",
+                ("mismatch_mean", "mismatch_max", "mismatch_out_frac")),
                title=f"{rc.train.algo} on {rc.task.name} ({rc.loop.mode}, mesh "
                      f"{rc.distributed.mesh})")
   if recipe.rollout.rollout == "ray":
@@ -333,16 +340,7 @@ def _export(recipe: Recipe, params) -> None:
     config = dataclasses.replace(config, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
     files = tok.hf_tokenizer_files()
   export_hf(rc.output.export_hf, config, params, tokenizer_dir=model.hf_dir, tokenizer_files=files,
-            overwrite=rc.output.overwrite)
-
-
-def save_params(path: str, params) -> None:
-  """Writes the parameters as a flat .npz ("layers/attn/wq" -> array), no pickles."""
-  flat = {"/".join(str(getattr(k, "key", k)) for k in kp): np.asarray(v)
-          for kp, v in jax.tree_util.tree_flatten_with_path(params)[0]}
-  tmp = path + ".tmp.npz"
-  np.savez(tmp, **flat)
-  os.replace(tmp, path)
+            overwrite=rc.output.overwrite, dtype=rc.precision.export_dtype)
 
 
 def _read_history(out_dir: str) -> list[dict]:

@@ -73,11 +73,14 @@ class HFTaskTokenizer:
 @dataclasses.dataclass
 class LoadedModel:
   """config, tokenizer, and params (None = initialise randomly from the seed); `hf_dir`: the
-  Hugging Face directory it came from (None for a preset)."""
+  Hugging Face directory it came from (None for a preset); `source_dtype`: the dtype its
+  checkpoint stores ("bfloat16" for most real models; "float32" for a preset), what
+  `--export_hf` writes by default. `params` are float32 masters whatever the source dtype."""
   config: ModelConfig
   tokenizer: Any
   params: Any = None
   hf_dir: str | None = None
+  source_dtype: str = "float32"
 
   @property
   def is_preset(self) -> bool:
@@ -126,11 +129,13 @@ def load_model(name: str, *, max_seq_len: int = 32, chat_template: bool = True,
     tok = CharTokenizer(MATH_CHARS + extra)
     return LoadedModel(tiny_config(tok.vocab_size, max_seq_len, moe=name == "tiny_moe"), tok)
   if os.path.isdir(name):
-    from jaxrl_sys.models import load_hf_checkpoint  # pylint: disable=import-outside-toplevel
+    # pylint: disable-next=import-outside-toplevel
+    from jaxrl_sys.models import load_hf_checkpoint, load_hf_config
     check_hf_directory(name)
-    config, params = load_hf_checkpoint(name)
+    config, params = load_hf_checkpoint(name, "float32")
     tok = HFTaskTokenizer(name, config.bos_token_id, chat_template=chat_template)
-    return LoadedModel(config, tok, params, hf_dir=os.path.abspath(name))
+    return LoadedModel(config, tok, params, hf_dir=os.path.abspath(name),
+                       source_dtype=load_hf_config(name).param_dtype)
   if os.path.exists(name):
     raise ValueError(f"--model={name} is a file; give a preset {MODEL_PRESETS} or a Hugging "
                      "Face model directory")

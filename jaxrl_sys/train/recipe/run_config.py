@@ -12,6 +12,7 @@
       eval         EvalConfig         held-out evaluation
       distributed  DistributedConfig  devices and processes: the mesh, the multi-process job (loop/)
       output       OutputConfig       where a run writes (not part of its config.json)
+      precision    PrecisionConfig    dtypes of masters, compute, rollout (train/precision.py)
 
 Every setting is one field of one section, documented in the section's `Attributes:`
 docstring and validated in the section's `__post_init__` (checks that need two sections live
@@ -46,6 +47,7 @@ from typing import Any, Mapping
 
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.loop.distributed import DistributedConfig
+from jaxrl_sys.train.precision import PrecisionConfig
 from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup
 from jaxrl_sys.train.step.config import ALGOS, OptimConfig, TrainConfig, train_config_for_algo
 
@@ -92,22 +94,34 @@ class AlgoConfig:
       reference copy).
     remat: recompute the forward pass's activations in the backward pass (less activation
       memory for longer sequences or larger micro-batches, about a third more compute).
+    behav_weight_cap: truncated importance sampling: weigh each token by min(pi_train /
+      pi_rollout, C), correcting the rollout-train mismatch (the mismatch_* metrics), in every
+      mode; None = no weight in sync mode, the uncapped decoupled weight off-policy.
   """
   algo: str = "grpo"
   kl_coef: float | None = None
   remat: bool = False
+  behav_weight_cap: float | None = None
 
   def __post_init__(self):
     if self.algo not in ALGOS:
       raise ValueError(f"unknown --algo {self.algo!r}; choose one of {ALGOS}")
+    if self.behav_weight_cap is not None and not self.behav_weight_cap > 0:
+      raise ValueError(f"--behav_weight_cap={self.behav_weight_cap} must be > 0 (unset = no cap)")
 
   def train_config(self, optim: OptimConfig, loop: LoopConfig) -> TrainConfig:
     """The step's config: the algorithm's presets, the decoupled objective off-policy, and
     every other field of this section passed to `TrainConfig` by name."""
     extra = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-             if f.name not in ("algo", "kl_coef")}
-    return train_config_for_algo(self.algo, decoupled=loop.mode != "sync", kl_coef=self.kl_coef,
-                                 optim=optim, temperature=loop.temperature, **extra)
+             if f.name not in ("algo", "kl_coef", "behav_weight_cap")}
+    train = train_config_for_algo(self.algo, decoupled=loop.mode != "sync", kl_coef=self.kl_coef,
+                                  optim=optim, temperature=loop.temperature, **extra)
+    if self.behav_weight_cap is None:
+      return train
+    # Truncated importance sampling (clamp mode), sync included (losses.mismatch).
+    return dataclasses.replace(train, loss=dataclasses.replace(
+        train.loss, decoupled=True, behav_weight_cap=self.behav_weight_cap,
+        behav_weight_cap_mode="clamp"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +208,9 @@ ALIASES = {
     "distributed_timeout": "distributed.timeout",
     "out_dir": "output.out_dir", "overwrite": "output.overwrite",
     "export_hf": "output.export_hf", "progress": "output.progress",
+    "behav_weight_cap": "train.behav_weight_cap",
+    **{name: f"precision.{name}" for name in ("param_dtype", "compute_dtype", "rollout_dtype",
+                                              "export_dtype")},
     **{name: f"rollout.{name}" for name in (
         "rollout", "num_workers", "ray_address", "weight_store", "preempt_trace",
         "trace_time_scale", "chaos_kill_every", "chaos_restart_after", "worker_token_delay",
@@ -221,6 +238,7 @@ class RunConfig:
   eval: EvalConfig = EvalConfig()
   distributed: DistributedConfig = DistributedConfig()
   output: OutputConfig = OutputConfig()
+  precision: PrecisionConfig = PrecisionConfig()
 
   def __post_init__(self):
     if self.loop.group_size < 2:

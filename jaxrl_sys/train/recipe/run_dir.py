@@ -13,6 +13,10 @@ import os
 import shutil
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 # What a run writes into its directory (the only entries `overwrite` deletes).
 RUN_FILES = ("config.json", "metrics.jsonl", "reward_kl.png", "offload.png", "final_params.npz")
 RUN_DIRS = ("tb", "checkpoints", "hf")
@@ -122,4 +126,19 @@ def write_json(path: str, data: dict) -> None:
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(data, f, indent=1, sort_keys=True)
     f.write("\n")
+  os.replace(tmp, path)
+
+
+def save_params(path: str, params) -> None:
+  """Writes the parameters as a flat .npz ("layers/attn/wq" -> array), no pickles, readable by
+  plain `numpy.load`: floating leaves numpy has no dtype for (bfloat16 masters) are written as
+  float32 (exact), never as the opaque `V2` void arrays numpy would store them as."""
+  def host(v):
+    a = np.asarray(v)
+    small = jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize < 4
+    return a.astype(np.float32) if small else a
+  flat = {"/".join(str(getattr(k, "key", k)) for k in kp): host(v)
+          for kp, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+  tmp = path + ".tmp.npz"
+  np.savez(tmp, **flat)
   os.replace(tmp, path)

@@ -30,18 +30,22 @@ def make_schedule(config: OptimConfig) -> optax.Schedule:
 
 
 def make_optimizer(config: OptimConfig, *, ess_rule: str = "sqrt",
-                   base_ess_ratio: float = 1.0) -> optax.GradientTransformationExtraArgs:
+                   base_ess_ratio: float = 1.0,
+                   moment_dtype: str | None = None) -> optax.GradientTransformationExtraArgs:
   """clip_by_global_norm -> AdamW(schedule) -> scale_by_ess, wrapped in
   `optax.apply_if_finite` when `config.skip_nonfinite` (a non-finite gradient leaves the
   parameters and the optimizer state unchanged).
 
   `update(grads, state, params, lr_scale=s)` must be given the ESS multiplier (1.0 = off).
+  The gradient comes in float32 (`train.step` never casts it to the parameter dtype); both Adam
+  moments are held in `moment_dtype` (None: the parameters' dtype; the precision policy passes
+  its param dtype, so the state keeps one dtype per leaf from step to step).
   """
   parts = []
   if config.grad_clip > 0:
     parts.append(optax.clip_by_global_norm(config.grad_clip))
   parts.append(optax.adamw(make_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
-                           weight_decay=config.weight_decay))
+                           weight_decay=config.weight_decay, mu_dtype=moment_dtype))
   parts.append(scale_by_ess(rule=ess_rule, base_ess_ratio=base_ess_ratio))
   chain = optax.chain(*parts)
   if config.skip_nonfinite:

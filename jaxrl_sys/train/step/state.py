@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxrl_sys.models import ModelConfig, init_params, param_axes
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules, tree_shardings
 from jaxrl_sys.train.step.config import TrainConfig
+from jaxrl_sys.train.precision import cast_floating
 
 
 class TrainState(NamedTuple):
@@ -45,6 +46,8 @@ def _build(model_config: ModelConfig, train_config: TrainConfig, optimizer, key,
   pkey, rng = jax.random.split(key)
   if params is None:
     params = init_params(model_config, pkey)
+  else:  # e.g. a bfloat16 checkpoint: the masters are kept in the configured param dtype
+    params = cast_floating(params, model_config.param_dtype)
   ref = jax.tree.map(jnp.copy, params) if train_config.uses_reference else None
   return TrainState(step=jnp.zeros([], jnp.int32), params=params,
                     opt_state=optimizer.init(params), ref_params=ref,

@@ -10,6 +10,9 @@ Global normalisation: each micro-batch contributes the gradient of its loss *num
 (`policy_loss(..., denominator=1)`) and its denominator (`loss_denominator`); `apply` divides
 the summed gradient by the summed denominator, which equals the gradient of
 `sum(numerators) / sum(denominators)`, the full-batch loss, however the batch was split.
+Precision (`train.precision`): the forward casts the masters to the compute dtype where they
+are used; the gradient reaches the masters through that cast, is summed in float32 and goes to
+the optimizer in float32, never rounded to the parameters' dtype.
 
 Per token: log-probs and entropy come from `kernels.fused_logprobs(hidden, unembed, targets,
 temperature)` at the sampling temperature, over the batch's scoring window (`batch.pack`): the
@@ -33,6 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxrl_sys import kernels
 from jaxrl_sys.losses.aggregation import loss_denominator
 from jaxrl_sys.losses.ess import ess_lr_scale, sequence_log_weights
+from jaxrl_sys.losses.mismatch import mismatch_stats
 from jaxrl_sys.losses.policy import policy_loss
 from jaxrl_sys.models import ModelConfig, forward, unembedding
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules, logical_to_spec
@@ -44,7 +48,7 @@ from jaxrl_sys.train.step.state import TrainState, state_shardings
 # Token-weighted means accumulated across micro-batches (keys of policy_loss's aux).
 _TOKEN_MEANS = ("kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl",
                 "ratio_mean", "behav_weight_mean", "behav_weight_capped_frac",
-                "behav_logprob_abs_diff")
+                "mismatch_mean", "mismatch_out_frac")
 # MoE aux entries that are state (not sums) across micro-batches.
 _MOE_LATEST = ("q",)
 
@@ -142,10 +146,8 @@ def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelCo
     # micro-batch's denominator so it averages over the step like the policy term.
     numerator = numerator + _moe().moe_aux_loss(moe_aux) * den
   log_w = sequence_log_weights(prox, mb.behav_logprobs, mask)
-  # Trainer vs rollout-engine log-prob mismatch (staleness plus numerics), token mean.
-  aux = dict(out.aux, behav_logprob_abs_diff=jnp.sum(
-      jnp.where(mask != 0, jnp.abs(prox - mb.behav_logprobs), 0)) / jnp.maximum(
-          out.aux["num_tokens"], 1).astype(jnp.float32))
+  # Trainer vs rollout-engine log-prob mismatch (numerics, plus staleness off-policy).
+  aux = dict(out.aux, **mismatch_stats(prox, mb.behav_logprobs, mask))
   return numerator, (aux, den, log_w, jax.lax.stop_gradient(moe_aux))
 
 
@@ -162,6 +164,7 @@ def init_accum(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
                          "off_policy_tokens", "staleness_sum")
   sums = {k: jnp.zeros([], jnp.float32) for k in keys}
   sums["ratio_max"] = jnp.zeros([], jnp.float32)
+  sums["mismatch_max"] = jnp.zeros([], jnp.float32)
   ninf = jnp.full([], -jnp.inf, jnp.float32)
   return Accum(zeros, jnp.zeros([], jnp.float32), sums, ninf, ninf, moe_aux)
 
@@ -187,7 +190,8 @@ def accumulate(state: TrainState, acc: Accum, mb: TrainBatch, *, model_config: M
       pg_numerator=sums["pg_numerator"] + aux["pg_loss"],  # denominator 1: the numerator
       off_policy_tokens=sums["off_policy_tokens"] + jnp.sum(stale > 0),
       staleness_sum=sums["staleness_sum"] + jnp.sum(stale),
-      ratio_max=jnp.maximum(sums["ratio_max"], aux["ratio_max"]))
+      ratio_max=jnp.maximum(sums["ratio_max"], aux["ratio_max"]),
+      mismatch_max=jnp.maximum(sums["mismatch_max"], aux["mismatch_max"]))
   rows_valid = jnp.any(valid, axis=-1)
   lw = jnp.where(rows_valid, log_w, -jnp.inf)
   lse_w = jnp.logaddexp(acc.lse_w, jax.nn.logsumexp(lw))
@@ -206,7 +210,8 @@ def apply(state: TrainState, acc: Accum, *, model_config: ModelConfig, train_con
   tc = train_config
   den = acc.denominator
   inv = jnp.where(den > 0, 1.0 / jnp.where(den > 0, den, 1.0), 0.0)
-  grads = jax.tree.map(lambda g, p: (g * inv).astype(p.dtype), acc.grads, state.params)
+  # float32 (accum dtype) into the optimizer, whatever the masters' dtype: never rounded to it.
+  grads = jax.tree.map(lambda g: g * inv, acc.grads)
   nseq = acc.sums["num_sequences"]
   ess = jnp.where(nseq > 0, jnp.exp(2 * acc.lse_w - acc.lse_w2), 0.0)
   lr_scale = jnp.ones([], jnp.float32)
@@ -232,7 +237,8 @@ def apply(state: TrainState, acc: Accum, *, model_config: ModelConfig, train_con
       num_tokens=acc.sums["num_tokens"], num_sequences=nseq,
       off_policy_token_frac=acc.sums["off_policy_tokens"] / ntok,
       staleness_mean=acc.sums["staleness_sum"] / ntok,
-      ratio_max=acc.sums["ratio_max"], denominator=den)
+      ratio_max=acc.sums["ratio_max"], mismatch_max=acc.sums["mismatch_max"],
+      denominator=den)
   if schedule is not None:
     metrics["learning_rate"] = schedule(state.step) * lr_scale
   metrics.update(moe_metrics)

@@ -16,6 +16,7 @@ from jaxrl_sys.train.step.optim import make_optimizer
 from jaxrl_sys.train.recipe.presets import load_model
 from jaxrl_sys.train.step.state import (abstract_state, init_train_state, state_shardings,
                                         with_shardings)
+from tests.precision_helpers import needs_devices
 
 MC = load_model("tiny", max_seq_len=12).config  # the shapes of the other trainer tests
 TC = train_config_for_algo("grpo")  # KL > 0: the state carries a reference copy
@@ -42,6 +43,7 @@ def _target(mesh):
   return with_shardings(abstract, state_shardings(abstract, MC, OPT, mesh))
 
 
+@needs_devices(8)
 def test_round_trip_other_mesh_and_buffer(tmp_path):
   mesh = make_mesh("2x4")
   state = init_train_state(MC, TC, OPT, mesh=mesh, seed=3)

@@ -10,6 +10,7 @@ from jaxrl_sys.train import recipe as recipe_lib
 from jaxrl_sys.train.loop.evaluate import evaluate
 from jaxrl_sys.train.loop.rl_loop import RLLoop
 from jaxrl_sys.train.loop.supervised import supervised_warmup
+from tests.precision_helpers import needs_devices
 from tests.train.common import quick
 
 
@@ -57,6 +58,7 @@ def _losses(mesh):
   return [(h["loss"], h["kl"], h["grad_norm"], h["reward_mean"]) for h in result.history]
 
 
+@needs_devices(8)
 def test_mesh_2x4_matches_1x1():
   """FSDP x tensor parallel on 8 fake devices gives the 1x1 loss curve (fp tolerance)."""
   a, b = np.array(_losses("1x1")), np.array(_losses("2x4"))

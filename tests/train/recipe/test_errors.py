@@ -23,7 +23,7 @@ def test_build_recipe_errors(kw, message):
 
 def test_mesh_larger_than_devices():
   recipe = recipe_lib.build_recipe(quick(mesh="4x4"))
-  with pytest.raises(ValueError, match=r"needs 16 devices but only 8 are present"):
+  with pytest.raises(ValueError, match=r"needs 16 devices but only \d+ are present"):
     recipe_lib.recipe_mesh(recipe.mesh_spec)
 
 

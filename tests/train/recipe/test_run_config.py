@@ -23,6 +23,8 @@ seed out_dir overwrite export_hf progress rollout num_workers local_workers ray_
 weight_store preempt_trace trace_time_scale chaos_kill_every chaos_restart_after offload
 t_seed_init worker_cpus worker_gpus worker_token_delay coordinator_address num_processes
 process_id local_device_ids distributed_timeout""".split()
+# ... and the precision flags issue 26 names (--param_dtype, ...), typed as often.
+SHORT_FLAGS += "param_dtype compute_dtype rollout_dtype behav_weight_cap export_dtype".split()
 
 
 def _flags() -> flags.FlagValues:
