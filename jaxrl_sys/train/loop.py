@@ -23,8 +23,10 @@ in-process workers (`rollout.InProcessWorker`, or two `rollout.ThreadWorker`s si
 CPU host: `LoopConfig.local_workers`), or over Ray workers (see `train.rollout_setup`).
 Time comes from an injected clock; the loop raises when no completion arrives for
 `LoopConfig.stall_timeout` seconds while requests are pending.
-SIGTERM sets a flag: the current step finishes, a checkpoint is forced, and `run` returns
-with `preempted=True`.
+SIGTERM or SIGINT (Ctrl-C) sets a flag: the current step finishes, a checkpoint is forced, and
+`run` returns with `preempted=True` and `stop_signal` naming the signal. A second SIGINT raises
+`RunInterrupted` at once; the save in flight is flushed before it leaves `run`.
+A resumed run drops the metrics rows after the restored step (they are replayed).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ from jaxrl_sys.rollout.wire import request_to_json
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules
 from jaxrl_sys.train import batch as batch_lib
 from jaxrl_sys.train.buffer import Group, RolloutBuffer
-from jaxrl_sys.train.checkpoint import Checkpointer
+from jaxrl_sys.train.checkpoint import Checkpointer, CheckpointsUnreadable
 from jaxrl_sys.train.config import CheckpointConfig, LoopConfig, TrainConfig
 from jaxrl_sys.train.groups import group_requests, score_groups
 from jaxrl_sys.train.guard import DivergenceGuard
@@ -64,12 +66,22 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass
 class RunResult:
   """state: the final TrainState; history: one metrics dict per step run in this call;
-  preempted: True when SIGTERM (or `request_stop`) ended the run early; resumed_from: the
-  checkpoint step restored at start (None for a fresh run)."""
+  preempted: True when SIGTERM / SIGINT (or `request_stop`) ended the run early; resumed_from:
+  the checkpoint step restored at start (None for a fresh run); stop_signal: "SIGTERM" /
+  "SIGINT" when a signal asked the run to stop (None otherwise)."""
   state: TrainState
   history: list[dict]
   preempted: bool
   resumed_from: int | None
+  stop_signal: str | None = None
+
+
+class RunInterrupted(KeyboardInterrupt):
+  """A second SIGINT: the run stopped at once (the checkpoint save in flight was flushed)."""
+
+
+class UnreadableCheckpointsError(ValueError):
+  """`--resume` found checkpoints, and none of them can be read."""
 
 
 def _copy(tree):
@@ -147,6 +159,7 @@ class RLLoop:
     self.step_hooks = tuple(step_hooks)
     self.guard = DivergenceGuard("skip" if train_config.optim.skip_nonfinite else "stop")
     self._stop = threading.Event()
+    self._stop_signal: str | None = None
     self.flops_per_token = train_flops_per_token(model_config, loop_config.seq_len,
                                                  reference=train_config.uses_reference,
                                                  scored_len=loop_config.max_new_tokens)
@@ -160,7 +173,19 @@ class RLLoop:
     if self.resume and self.ckpt is not None:
       target = with_shardings(self.abstract, state_shardings(self.abstract, self.mc,
                                                              self.optimizer, self.mesh, self.rules))
-      got = self.ckpt.restore(target)
+      try:
+        got = self.ckpt.restore(target)
+      except CheckpointsUnreadable as e:
+        raise UnreadableCheckpointsError(
+            f"nothing can be resumed: every checkpoint in {self.ckpt.directory} is unreadable:\n"
+            + "\n".join(f"  {n}" for n in e.notes) + "\nNothing was moved or deleted. To start "
+            "the run again from scratch, pass --overwrite instead of --resume (deletes the run "
+            "directory's outputs, its checkpoints/ included), or give another --out_dir / "
+            "--checkpoint_dir") from None
+      if got is not None and got.step > self.lc.steps:
+        raise ValueError(
+            f"--steps={self.lc.steps} is below step {got.step}, where the resumed run stands "
+            f"({self.ckpt.directory}); give --steps above {got.step} to train further")
       if got is not None:
         host = got.host
         if host.get("samples_per_group") not in (None, self.samples):
@@ -349,7 +374,12 @@ class RLLoop:
       self._restore_signal_handler(old_handler)
 
   def _run(self) -> RunResult:
-    state, host, resumed = self._start()
+    try:
+      state, host, resumed = self._start()
+    except BaseException:
+      self._close()
+      raise
+    self.logger.keep_until(int(jax.device_get(state.step)))  # replayed steps are rewritten
     self.next_prompt, self.accepted = int(host["next_prompt"]), int(host["accepted"])
     buffer = (RolloutBuffer.from_json(host["buffer"]) if "buffer" in host
               else RolloutBuffer(self.samples))
@@ -409,11 +439,14 @@ class RLLoop:
           preempted = step < self.lc.steps
           break
     finally:
-      if self.ckpt is not None:
-        self.ckpt.close()
-      self.logger.close()
-      self.progress.close()
-    return RunResult(state, history, preempted, resumed)
+      self._close()  # waits for the checkpoint save in flight (also on a second SIGINT)
+    return RunResult(state, history, preempted, resumed, self._stop_signal)
+
+  def _close(self) -> None:
+    if self.ckpt is not None:
+      self.ckpt.close()
+    self.logger.close()
+    self.progress.close()
 
   def _metrics(self, metrics, scored, taken, t_roll, t_train, t_step, version) -> dict:
     rewards = np.concatenate([s.rewards.reshape(-1) for s in scored])
@@ -448,11 +481,19 @@ class RLLoop:
       return None
 
     def handler(signum, frame):  # pylint: disable=unused-argument
-      log.warning("SIGTERM: finishing the current step, then saving and exiting")
+      name = signal.Signals(signum).name
+      if signum == signal.SIGINT and self._stop.is_set():
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a third one: no flushing
+        raise RunInterrupted(f"second {name}: stopped at once")
+      self._stop_signal = self._stop_signal or name
+      again = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""
+      self.progress.message(f"{name}: finishing the current step, then saving and exiting"
+                            f"{again}")
       self._stop.set()
-    return signal.signal(signal.SIGTERM, handler)
+    return {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
 
   @staticmethod
   def _restore_signal_handler(old) -> None:
     if old is not None and threading.current_thread() is threading.main_thread():
-      signal.signal(signal.SIGTERM, old)
+      for s, h in old.items():
+        signal.signal(s, h)

@@ -32,7 +32,8 @@ from jaxrl_sys.sharding import MeshSpec, make_mesh, parse_mesh
 from jaxrl_sys.tasks import CountingTask, DatasetTask, make_task, parse_task_spec
 from jaxrl_sys.train.config import (ALGOS, CheckpointConfig, LoopConfig, OptimConfig, TrainConfig,
                                     train_config_for_algo)
-from jaxrl_sys.train.config_file import reproducible
+from jaxrl_sys.train import limits
+from jaxrl_sys.train.config_file import HISTORY_KEY, WriteOnce, reproducible, settings_history
 from jaxrl_sys.train.groups import encode_prompt
 from jaxrl_sys.train.guard import DivergenceError
 from jaxrl_sys.train.loop import RLLoop, RunResult
@@ -41,7 +42,8 @@ from jaxrl_sys.train.metrics_log import Progress, plot_history
 from jaxrl_sys.train.periodic_eval import SYNTHETIC_EVAL_START, PeriodicEval
 from jaxrl_sys.train.presets import LoadedModel, load_model
 from jaxrl_sys.train.rollout_setup import RolloutSetup, ray_client
-from jaxrl_sys.train.run_dir import (check_directory_path, describe_outputs, prepare_run_dir,
+from jaxrl_sys.train.run_dir import (RESUME_OVERWRITE, check_directory_path, check_export_dir,
+                                     claim_run_dir, describe_outputs, mark_export_dir,
                                      write_json)
 from jaxrl_sys.train.supervised import supervised_warmup
 
@@ -134,7 +136,8 @@ def parse_task_args(text: str) -> dict[str, Any]:
 class Recipe:
   """Built objects: the config with its defaults filled in, mesh, model (config, tokenizer,
   params or None), the training task (reward failures counted), the held-out task and its
-  problem indices, configs."""
+  problem indices, configs, notes (e.g. prompts dropped for length; shown when the run
+  starts)."""
   config: RecipeConfig
   mesh_spec: MeshSpec
   model: LoadedModel
@@ -145,6 +148,7 @@ class Recipe:
   rollout: RolloutSetup
   eval_task: Any = None
   eval_indices: tuple[int, ...] = ()
+  notes: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -165,7 +169,13 @@ def _check_ranges(rc: RecipeConfig) -> None:
             (rc.eval_every >= 0, f"--eval_every={rc.eval_every} must be >= 0 (0 = off)"),
             (rc.eval_prompts >= 1, f"--eval_prompts={rc.eval_prompts} must be >= 1"),
             (rc.prompts_per_step >= 1, f"--prompts_per_step={rc.prompts_per_step} must be >= 1"),
-            (rc.learning_rate > 0, f"--learning_rate={rc.learning_rate} must be > 0")]
+            (rc.learning_rate > 0, f"--learning_rate={rc.learning_rate} must be > 0"),
+            (rc.max_new_tokens is None or rc.max_new_tokens >= 1,
+             f"--max_new_tokens={rc.max_new_tokens} must be >= 1 (leave it out for the task's "
+             "default)"),
+            (rc.max_prompt_len is None or rc.max_prompt_len >= 1,
+             f"--max_prompt_len={rc.max_prompt_len} must be >= 1 (leave it out for the data's "
+             "default)")]
   for ok, message in checks:
     if not ok:
       raise ValueError(message)
@@ -180,12 +190,26 @@ def _build_task(rc: RecipeConfig, task_args: dict) -> Any:
   return make_task(rc.task, rc.reward, **task_args)
 
 
-def _dataset_lengths(task: DatasetTask, tok) -> tuple[int, int]:
-  prompt = max(len(tok.encode(p.prompt, bos=True)) for p in map(task.problem, range(len(task))))
-  if task.has_answers:
-    answer = max(len(tok.encode(str(r[task.answer_key]))) for r in task.rows)
-    return prompt, max(4, answer + 3)
-  return prompt, 64
+def _fit_dataset(task: DatasetTask, model: LoadedModel, rc: RecipeConfig
+                 ) -> tuple[DatasetTask, int, int, str | None]:
+  """(task without the prompts longer than the bucket, prompt bucket, response budget, a note
+  on the dropped rows or None); see `train.limits` for the default bucket."""
+  tok = model.tokenizer
+  new_tokens = rc.max_new_tokens
+  if new_tokens is None:
+    new_tokens = 64
+    if task.has_answers:
+      new_tokens = max(4, max(len(tok.encode(str(r[task.answer_key]))) for r in task.rows) + 3)
+  prompts = [row[task.prompt_key] for row in task.rows]
+  lengths = [len(tok.encode(p, bos=True)) for p in prompts]
+  context = None if model.is_preset else model.config.max_seq_len - new_tokens
+  max_len = rc.max_prompt_len
+  if max_len is None:
+    max_len = limits.default_prompt_len(lengths, context)
+  note = limits.check_dropped(prompts, lengths, max_len, "--max_prompt_len")
+  if note:
+    task = task.select([i for i, n in enumerate(lengths) if n <= max_len])
+  return task, max_len, new_tokens, note
 
 
 def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
@@ -202,6 +226,8 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
       that cannot be imported, out-of-range numbers, output paths that are files).
   """
   spec = parse_mesh(rc.mesh)
+  limits.check_fake_devices(spec.size, max(len(jax.devices()), len(jax.devices("cpu"))),
+                            jax.default_backend())
   if rc.algo not in ALGOS:
     raise ValueError(f"unknown --algo {rc.algo!r}; choose one of {ALGOS}")
   if rc.group_size < 2:
@@ -217,20 +243,22 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
   if task is None:
     task = _build_task(rc, parse_task_args(task_args))
   dataset = isinstance(task, DatasetTask)
+  extra = "".join(task.texts()) if dataset else ""
+  model = load_model(rc.model, max_seq_len=64, chat_template=rc.chat_template, extra_chars=extra)
+  prompt_len, new_tokens = defaults[1:]
+  notes = []
+  if dataset:
+    task, prompt_len, new_tokens, note = _fit_dataset(task, model, rc)
+    notes += [note] if note else []
   eval_task, eval_indices = task, tuple(range(SYNTHETIC_EVAL_START,
                                               SYNTHETIC_EVAL_START + rc.eval_prompts))
   if dataset and rc.eval_every:
     task, eval_task = task.split(rc.eval_prompts)
     eval_indices = tuple(range(rc.eval_prompts))
-  extra = "".join(task.texts()) if dataset else ""
-  model = load_model(rc.model, max_seq_len=64, chat_template=rc.chat_template, extra_chars=extra)
-  prompt_len, new_tokens = defaults[1:]
-  if dataset:
-    prompt_len, new_tokens = _dataset_lengths(task, model.tokenizer)
-  rc = dataclasses.replace(
-      rc, task_args=task_args,
-      max_prompt_len=rc.max_prompt_len or prompt_len or 16,
-      max_new_tokens=rc.max_new_tokens or new_tokens or 16)
+  pick = lambda given, default: given if given is not None else (default or 16)  # noqa: E731
+  rc = dataclasses.replace(rc, task_args=task_args,
+                           max_prompt_len=pick(rc.max_prompt_len, prompt_len),
+                           max_new_tokens=pick(rc.max_new_tokens, new_tokens))
   if model.is_preset:
     model.config = dataclasses.replace(model.config,
                                        max_seq_len=rc.max_prompt_len + rc.max_new_tokens)
@@ -258,6 +286,9 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
                     temperature=rc.temperature, oversample=rc.oversample, seed=rc.seed,
                     local_workers=rc.local_workers)
   check_lengths(model.config, loop)
+  samples = rc.group_size + int(train.advantage.baseline == "median")
+  limits.check_memory(model.config, min(rc.micro_batch_groups, rc.prompts_per_step) * samples,
+                      loop.seq_len, jax.devices()[0])
   encode_prompt(model.tokenizer, task.problem(0).prompt, rc.max_prompt_len)  # fail early
   identity = {k: getattr(rc, k) for k in IDENTITY_KEYS}
   identity.update(kl_coef=train.loss.kl_coef, eval_split=rc.eval_prompts if dataset and
@@ -268,7 +299,7 @@ def build_recipe(rc: RecipeConfig, *, task: Any = None) -> Recipe:
   rollout = RolloutSetup(**{f.name: getattr(rc, f.name) for f in dataclasses.fields(RolloutSetup)
                             if hasattr(rc, f.name)})
   return Recipe(rc, spec, model, CountingTask(task), train, loop, ckpt, rollout, eval_task,
-                eval_indices)
+                eval_indices, notes)
 
 
 def recipe_mesh(spec: MeshSpec) -> jax.sharding.Mesh:
@@ -299,22 +330,56 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
     messages: print the run's messages (run directory, resume decisions) on stderr.
 
   Raises:
-    ValueError: the run directory holds another run (without `overwrite` / `resume`), or a
-      checkpoint belongs to another configuration (`CheckpointMismatchError`).
+    ValueError: the run directory holds another run (without `overwrite` / `resume`), both
+      `overwrite` and `resume`, a non-empty `export_hf` (checked first), a checkpoint of
+      another configuration (`CheckpointMismatchError`), every checkpoint unreadable, or
+      `steps` below the resumed step.
+    run_lock.RunDirLockedError: a live run holds the run directory.
     DivergenceError: a non-finite loss or gradient (metrics and plot are still written).
+    loop.RunInterrupted: a second SIGINT (the save in flight was flushed).
   """
+  rc = recipe.config
+  if resume and rc.overwrite:
+    raise ValueError(RESUME_OVERWRITE)
+  progress = Progress(rc.steps, rc.progress, messages=messages)
+  run_dir = lock = None
+  try:
+    if rc.out_dir:
+      run_dir, lock = claim_run_dir(rc.out_dir, overwrite=rc.overwrite, resume=resume,
+                                    message=progress.message)
+    check_export_dir(rc.export_hf, run_dir, overwrite=rc.overwrite, resume=resume)
+    return _run_claimed(recipe, resume, run_dir, progress)
+  except BaseException:
+    progress.close()
+    raise
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
+                 progress: Progress) -> RecipeResult:
+  """`run_recipe` once the run directory is held."""
   rc, mc, tok = recipe.config, recipe.model.config, recipe.model.tokenizer
-  run_dir = prepare_run_dir(rc.out_dir, overwrite=rc.overwrite, resume=resume) if (
-      rc.out_dir) else None
   ckpt = recipe.checkpoint
   if ckpt.directory is None and run_dir is not None:
     ckpt = dataclasses.replace(ckpt, directory=os.path.join(run_dir, "checkpoints"))
-  progress = Progress(rc.steps, rc.progress, messages=messages)
   config_path = run_dir and os.path.join(run_dir, "config.json")
+  config_hooks = []
+  for note in recipe.notes:
+    progress.message(f"note: {note}")
   if run_dir is not None:
     progress.message(f"run directory: {run_dir}")
-    if not (resume and os.path.exists(config_path)):  # a resumed run's is replaced at the end
-      write_json(config_path, reproducible(dataclasses.asdict(rc)))
+    settings = reproducible(dataclasses.asdict(rc))
+    settings[HISTORY_KEY], changed = settings_history(config_path, settings, resume=resume)
+    if changed:
+      progress.message("settings changed since the previous call: " + ", ".join(
+          f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items()))
+    if resume and os.path.exists(config_path):
+      # written once the checkpoint is restored (a refused resume leaves the file as it was)
+      config_hooks.append(WriteOnce(config_path, settings))
+    else:
+      write_json(config_path, settings)
   mesh = recipe_mesh(recipe.mesh_spec)
 
   def init():
@@ -329,6 +394,7 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
                              seq_len=seq)
 
   hooks = [recipe.task.metrics_hook] if isinstance(recipe.task, CountingTask) else []
+  hooks += config_hooks
   evaluator = None
   if rc.eval_every:
     evaluator = PeriodicEval(mc, recipe.eval_task, tok, recipe.eval_indices,
@@ -357,13 +423,13 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   out = RecipeResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(RunResult)},
                      run_dir=run_dir)
   summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
-  out.notes += [summary] if summary else []
+  out.notes += recipe.notes + ([summary] if summary else [])
   if run_dir:
-    write_json(config_path, reproducible(dataclasses.asdict(rc)))
+    write_json(config_path, settings)
     save_params(os.path.join(run_dir, "final_params.npz"), result.state.params)
     _plot(recipe, run_dir, result.history)
   if rc.export_hf and not result.preempted:
-    _export(recipe, result.state.params)
+    _export(recipe, result.state.params, run_dir)
   elif rc.export_hf:
     out.notes.append(f"run preempted: --export_hf={rc.export_hf} not written (resume to finish)")
   if run_dir:
@@ -384,7 +450,7 @@ def _plot(recipe: Recipe, run_dir: str, history: list[dict]) -> None:
                  title=f"rollout offload ({rc.offload}, {rc.num_workers} Ray workers)")
 
 
-def _export(recipe: Recipe, params) -> None:
+def _export(recipe: Recipe, params, run_dir: str | None) -> None:
   from jaxrl_sys.models import export_hf  # pylint: disable=import-outside-toplevel
   rc, model = recipe.config, recipe.model
   config, files = model.config, None
@@ -392,8 +458,12 @@ def _export(recipe: Recipe, params) -> None:
     tok = model.tokenizer
     config = dataclasses.replace(config, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
     files = tok.hf_tokenizer_files()
+  # Checked when the run started (`check_export_dir`): an earlier export of this run, or
+  # --overwrite, may be replaced.
   export_hf(rc.export_hf, config, params, tokenizer_dir=model.hf_dir, tokenizer_files=files,
-            overwrite=rc.overwrite)
+            overwrite=True)
+  if run_dir:
+    mark_export_dir(rc.export_hf, run_dir)
 
 
 def save_params(path: str, params) -> None:
