@@ -188,8 +188,9 @@ class Checkpointer:
       except Exception as e:  # pylint: disable=broad-except
         if step is not None:
           raise
-        failed.append((s, f"{type(e).__name__}: {str(e)[:200]}"))
-        log.warning("checkpoint at step %d in %s is unreadable (%s); trying the previous one", s,
+        why = str(e).split(". See full TensorStore details")[0]  # a bound-method repr follows
+        failed.append((s, f"{type(e).__name__}: {why[:200]}"))
+        log.info("checkpoint at step %d in %s is unreadable (%s); trying the previous one", s,
                     self.directory, failed[-1][1])
         continue
       # Only once an older one is known good are the unreadable newer ones moved aside.

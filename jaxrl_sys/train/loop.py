@@ -30,6 +30,7 @@ A resumed run drops the metrics rows after the restored step (they are replayed)
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import signal
@@ -160,6 +161,8 @@ class RLLoop:
     self.guard = DivergenceGuard("skip" if train_config.optim.skip_nonfinite else "stop")
     self._stop = threading.Event()
     self._stop_signal: str | None = None
+    self._critical = 0  # > 0 while orbax runs on this thread: a second SIGINT waits for it
+    self._abort: str | None = None
     self.flops_per_token = train_flops_per_token(model_config, loop_config.seq_len,
                                                  reference=train_config.uses_reference,
                                                  scored_len=loop_config.max_new_tokens)
@@ -434,7 +437,8 @@ class RLLoop:
         stop = self._stop.is_set()
         if self.ckpt is not None and (stop or step == self.lc.steps or (
             self.ckpt_cfg.save_every and step % self.ckpt_cfg.save_every == 0)):
-          self.ckpt.save(state, self._host_state(buffer, client), force=stop)
+          with self._checkpointing():
+            self.ckpt.save(state, self._host_state(buffer, client), force=stop)
         if stop:
           preempted = step < self.lc.steps
           break
@@ -443,10 +447,23 @@ class RLLoop:
     return RunResult(state, history, preempted, resumed, self._stop_signal)
 
   def _close(self) -> None:
-    if self.ckpt is not None:
-      self.ckpt.close()
     self.logger.close()
     self.progress.close()
+    if self.ckpt is not None:
+      with self._checkpointing():
+        self.ckpt.close()
+
+  @contextlib.contextmanager
+  def _checkpointing(self):
+    """Marks orbax work on this thread: a second SIGINT meanwhile is held until it is done
+    (an exception raised inside orbax's waits leaves a half-written step), then raised."""
+    self._critical += 1
+    try:
+      yield
+    finally:
+      self._critical -= 1
+    if self._abort and not self._critical:
+      raise RunInterrupted(self._abort)
 
   def _metrics(self, metrics, scored, taken, t_roll, t_train, t_step, version) -> dict:
     rewards = np.concatenate([s.rewards.reshape(-1) for s in scored])
@@ -484,7 +501,12 @@ class RLLoop:
       name = signal.Signals(signum).name
       if signum == signal.SIGINT and self._stop.is_set():
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a third one: no flushing
-        raise RunInterrupted(f"second {name}: stopped at once")
+        self._abort = f"second {name}: stopped at once"
+        if self._critical:
+          self.progress.message(f"second {name}: stopping once the checkpoint save in flight "
+                                "is written")
+          return
+        raise RunInterrupted(self._abort)
       self._stop_signal = self._stop_signal or name
       again = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""
       self.progress.message(f"{name}: finishing the current step, then saving and exiting"
