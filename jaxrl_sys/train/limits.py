@@ -1,16 +1,15 @@
 """Size limits checked before any compilation: the prompt-length bucket of a data set, the
 memory a prompt length implies, and the number of fake CPU devices a mesh may ask for.
 
-Default prompt bucket of a data set (`--max_prompt_len` not given): the longest prompt, unless
-it is more than twice the 99th-percentile length (an outlier), in which case the 99th
-percentile; never more than `MAX_DEFAULT_PROMPT_LEN` tokens nor more than the model's context
-minus the response budget. Prompts longer than the bucket (default or given) are dropped with a
+Default prompt bucket of a data set (`--max_prompt_len` not given): the longest prompt, but at
+most `OUTLIER_FACTOR` times the 99th-percentile length (one outlier does not set the bucket of
+every row), at most `MAX_DEFAULT_PROMPT_LEN` tokens, and at most the model's context minus the
+response budget. Prompts longer than the bucket (default or given) are dropped with a
 count; when more than half the rows would go, the run is refused instead, with the row index and
 the first 80 characters of the first long prompt.
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Sequence
 
@@ -18,6 +17,7 @@ import numpy as np
 
 MAX_DEFAULT_PROMPT_LEN = 2048
 PROMPT_QUANTILE = 0.99
+OUTLIER_FACTOR = 4
 # More fake CPU devices than this: XLA compiles every program for each of them (minutes).
 MAX_FAKE_CPU_DEVICES = 512
 SLOW_FAKE_CPU_DEVICES = 128
@@ -32,8 +32,8 @@ def default_prompt_len(lengths: Sequence[int], context: int | None = None) -> in
   """
   arr = np.asarray(lengths, np.int64)
   longest = int(arr.max())
-  q = int(math.ceil(float(np.quantile(arr, PROMPT_QUANTILE))))
-  n = longest if longest <= 2 * q else q
+  q = int(np.quantile(arr, PROMPT_QUANTILE, method="lower"))
+  n = min(longest, OUTLIER_FACTOR * q)
   n = min(n, MAX_DEFAULT_PROMPT_LEN)
   if context is not None:
     n = min(n, context)
@@ -105,7 +105,7 @@ def check_memory(model_config, rows: int, seq_len: int, device) -> None:
 
 
 def _gib(n: int) -> str:
-  return f"{n / 2**30:,.1f} GiB" if n < 2**50 else f"{n / 2**40:,.0f} TiB"
+  return f"{n / 2**30:,.1f} GiB" if n < 2**40 else f"{n / 2**40:,.1f} TiB"
 
 
 def check_fake_devices(needed: int, present: int, platform: str) -> None:
