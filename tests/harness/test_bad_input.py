@@ -1,7 +1,6 @@
 """Bad input found by issue 30's new-user cases: each a clear error (or a counted drop) from
 `build_recipe` / the loaders, before any compilation; no training here."""
 import json
-import os
 
 import jax
 import numpy as np
