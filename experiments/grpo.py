@@ -115,7 +115,8 @@ flags.DEFINE_integer("max_new_tokens", _RC.max_new_tokens,
                      "Response budget (default: the task's; data sets: from the answers).")
 flags.DEFINE_integer("max_prompt_len", _RC.max_prompt_len,
                      "Prompt length bucket in tokens (default: the task's; data sets: the "
-                     "longest prompt).")
+                     "longest prompt, at most 4x the 99th percentile and 2048; longer prompts "
+                     "are dropped with a note).")
 flags.DEFINE_float("temperature", _RC.temperature, "Sampling temperature.")
 flags.DEFINE_float("oversample", _RC.oversample,
                    "APRIL over-provisioning (sync/one_off): submit B*x groups, keep the first B "
@@ -147,7 +148,8 @@ flags.DEFINE_bool("resume", False, "Resume from the newest usable checkpoint of 
 flags.DEFINE_integer("seed", _RC.seed, "Seed.")
 flags.DEFINE_string("out_dir", None, "Run directory (default: a new runs/<algo>-<task>-<time>).")
 flags.DEFINE_bool("overwrite", False, "Replace the outputs of an earlier run in --out_dir (and "
-                  "a non-empty --export_hf directory).")
+                  "a non-empty --export_hf directory); not with --resume, nor while that run "
+                  "is alive.")
 flags.DEFINE_string("export_hf", None, "Write the trained policy as a Hugging Face directory "
                     "(safetensors, config.json, tokenizer files).")
 flags.DEFINE_string("config", None, "YAML or JSON file of flag values (keys = flag names); "
