@@ -288,7 +288,8 @@ json.dump(cfg, open(p, "w"))
     r = cli(["--steps=400", "--save_every=2", f"--out_dir={out}", "--resume"], signals=act)
     half = [d for d in os.listdir(f"{out}/checkpoints") if "tmp" in d]
     ok = r.rc == 130 and not half and not os.path.exists(f"{out}/.lock")
-    return verdict_of(r, ok, lost=bool(half)), f"rc {r.rc} in {r.seconds:.0f} s, half-written {half}"
+    detail = f"rc {r.rc} in {r.seconds:.0f} s, half-written {half}"
+    return verdict_of(r, ok, lost=bool(half)), detail
 
   def overwrite_live_run(self):
     out = self.d("live")
