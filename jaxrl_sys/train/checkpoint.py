@@ -196,6 +196,8 @@ class Checkpointer:
       # Only once an older one is known good are the unreadable newer ones moved aside.
       skipped = tuple(f"checkpoint at step {b} is unreadable or corrupt ({why}); moved it to "
                       f"{self._quarantine(b)}" for b, why in failed)
+      for note in skipped:
+        log.warning("%s in %s; restored step %d instead", note, self.directory, s)
       return got._replace(skipped=skipped)
     if failed:
       raise CheckpointsUnreadable(self.directory, [f"step {b}: {why}" for b, why in failed])
