@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 
 
@@ -76,7 +77,15 @@ def _fake_cpu_devices(argv: list[str]) -> None:
       print(note, file=sys.stderr)
 
 
+def _interrupted_while_starting(signum, frame):  # pylint: disable=unused-argument
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving anyway: more Ctrl-C change nothing
+  print("interrupted (SIGINT) while starting: nothing was run", file=sys.stderr)
+  sys.exit(130)
+
+
 if __name__ == "__main__":
+  # Ctrl-C while the imports below run (seconds on a busy machine): exit 130, no traceback.
+  signal.signal(signal.SIGINT, _interrupted_while_starting)
   _fake_cpu_devices(sys.argv)
 
 # pylint: disable=wrong-import-position
@@ -222,6 +231,7 @@ def recipe_from_flags():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt from here on
   import jax  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train.guard import DivergenceError  # pylint: disable=import-outside-toplevel
@@ -242,6 +252,7 @@ def main(argv):
     print(f"error: {e}", file=sys.stderr)
     return 2
   except KeyboardInterrupt as e:  # Ctrl-C outside the loop, or a second one inside it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving anyway: more Ctrl-C change nothing
     what = str(e) or "SIGINT"
     print(f"interrupted ({what}); the checkpoint save in flight, if any, was written: continue "
           "with --resume", file=sys.stderr)
@@ -249,6 +260,7 @@ def main(argv):
   step = int(jax.device_get(result.state.step))
   last = result.history[-1] if result.history else {}
   if result.stop_signal == "SIGINT":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     print(f"interrupted (SIGINT) after step {step}/{recipe.config.steps}: checkpoint saved; "
           "continue with --resume", file=sys.stderr)
   else:

@@ -298,11 +298,13 @@ json.dump(cfg, open(p, "w"))
     def act(p):
       _wait(lambda: _ckpts(out), p)
       second.append(cli(["--steps=2", "--overwrite", f"--out_dir={out}"]))
-    r = cli(["--steps=8", "--save_every=2", f"--out_dir={out}"], signals=act)
+      p.send_signal(signal.SIGTERM)  # then end the first run
+    r = cli(["--steps=400", "--save_every=2", f"--out_dir={out}"], signals=act)
     refused = verdict_of(second[0], False, error=r"in use by the running job of pid \d+")
-    ok = r.rc == 0 and _rows(out) == list(range(1, 9)) and refused == "clear error"
-    lost = _rows(out) != list(range(1, 9))
-    return verdict_of(r, ok, lost=lost), f"second run: {refused}; first: rows {_rows(out)}"
+    rows = _rows(out)
+    intact = bool(rows) and rows == list(range(1, len(rows) + 1)) and _ckpts(out)[-1:] == rows[-1:]
+    ok = r.rc == 0 and intact and refused == "clear error"
+    return verdict_of(r, ok, lost=not intact), f"second run: {refused}; first: {len(rows)} rows"
 
   def sigkill_resume(self):
     out = self.d("kill")

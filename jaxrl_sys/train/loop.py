@@ -24,8 +24,10 @@ CPU host: `LoopConfig.local_workers`), or over Ray workers (see `train.rollout_s
 Time comes from an injected clock; the loop raises when no completion arrives for
 `LoopConfig.stall_timeout` seconds while requests are pending.
 SIGTERM or SIGINT (Ctrl-C) sets a flag: the current step finishes, a checkpoint is forced, and
-`run` returns with `preempted=True` and `stop_signal` naming the signal. A second SIGINT raises
-`RunInterrupted` at once; the save in flight is flushed before it leaves `run`.
+`run` returns with `preempted=True` and `stop_signal` naming the signal. A second SIGINT stops
+the run at the next safe point (a poll, a micro-batch, the end of a checkpoint save: never
+inside orbax or JAX, where an exception raised by a signal handler can leave locks held) with
+`RunInterrupted`, after the save in flight is flushed. A third exits the process at once.
 A resumed run drops the metrics rows after the restored step (they are replayed).
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import threading
 from typing import Any, Callable, Sequence
@@ -161,7 +164,7 @@ class RLLoop:
     self.guard = DivergenceGuard("skip" if train_config.optim.skip_nonfinite else "stop")
     self._stop = threading.Event()
     self._stop_signal: str | None = None
-    self._critical = 0  # > 0 while orbax runs on this thread: a second SIGINT waits for it
+    self._critical = 0  # > 0 while orbax runs on this thread: an abort waits for it
     self._abort: str | None = None
     self.flops_per_token = train_flops_per_token(model_config, loop_config.seq_len,
                                                  reference=train_config.uses_reference,
@@ -245,7 +248,13 @@ class RLLoop:
                                    max_prompt_len=self.lc.max_prompt_len,
                                    min_version=min_version))
 
+  def _check_abort(self) -> None:
+    """A safe point: raises `RunInterrupted` after a second SIGINT."""
+    if self._abort and not self._critical:
+      raise RunInterrupted(self._abort)
+
   def _poll(self, client, buffer: RolloutBuffer) -> float:
+    self._check_abort()
     t0 = self.clock.now()
     got = client.poll(min_count=1, timeout=self.lc.poll_timeout)
     now = self.clock.now()
@@ -274,6 +283,7 @@ class RLLoop:
     if deadline is None:
       return 0.0
     while len(buffer.complete_groups()) < self.lc.prompts_per_step:
+      self._check_abort()
       left = deadline - self.clock.now()
       if left <= 0:
         break
@@ -294,6 +304,7 @@ class RLLoop:
     pending_micro: list[Group] = []
     m, b = lc.micro_batch_groups, lc.prompts_per_step
     while len(taken) < b:
+      self._check_abort()
       ready = self._ready(buffer, version, b - len(taken))
       if not ready:
         t_roll += self._poll(client, buffer)
@@ -406,6 +417,7 @@ class RLLoop:
     history, preempted = [], False
     try:
       while step < self.lc.steps:
+        self._check_abort()
         t_step = self.clock.now()
         self._admit(client, buffer, step)
         t_seed = self._seed(client, buffer)
@@ -462,8 +474,7 @@ class RLLoop:
       yield
     finally:
       self._critical -= 1
-    if self._abort and not self._critical:
-      raise RunInterrupted(self._abort)
+    self._check_abort()
 
   def _metrics(self, metrics, scored, taken, t_roll, t_train, t_step, version) -> dict:
     rewards = np.concatenate([s.rewards.reshape(-1) for s in scored])
@@ -499,14 +510,16 @@ class RLLoop:
 
     def handler(signum, frame):  # pylint: disable=unused-argument
       name = signal.Signals(signum).name
+      if signum == signal.SIGINT and self._abort:
+        os.write(2, b"third SIGINT: exiting now, without waiting for the checkpoint save\n")
+        os._exit(130)  # pylint: disable=protected-access
       if signum == signal.SIGINT and self._stop.is_set():
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a third one: no flushing
+        # Raising here could interrupt orbax or JAX mid-way (locks held: a hang); the loop
+        # raises at its next safe point instead (`_check_abort`).
         self._abort = f"second {name}: stopped at once"
-        if self._critical:
-          self.progress.message(f"second {name}: stopping once the checkpoint save in flight "
-                                "is written")
-          return
-        raise RunInterrupted(self._abort)
+        self.progress.message(f"second {name}: stopping now, once the checkpoint save in "
+                              "flight is written (Ctrl-C again to exit without waiting)")
+        return
       self._stop_signal = self._stop_signal or name
       again = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""
       self.progress.message(f"{name}: finishing the current step, then saving and exiting"
