@@ -25,19 +25,14 @@ Time comes from an injected clock; the loop raises when no completion arrives fo
 `LoopConfig.stall_timeout` seconds while requests are pending.
 SIGTERM or SIGINT (Ctrl-C) sets a flag: the current step finishes, a checkpoint is forced, and
 `run` returns with `preempted=True` and `stop_signal` naming the signal. A second SIGINT stops
-the run at the next safe point (a poll, a micro-batch, the end of a checkpoint save: never
-inside orbax or JAX, where an exception raised by a signal handler can leave locks held) with
-`RunInterrupted`, after the save in flight is flushed. A third exits the process at once.
+the run at the next safe point with `RunInterrupted`, after the save in flight is flushed; a
+third exits the process (see `train.stop_signals`).
 A resumed run drops the metrics rows after the restored step (they are replayed).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import os
-import signal
-import threading
 from typing import Any, Callable, Sequence
 
 import jax
@@ -63,6 +58,7 @@ from jaxrl_sys.train.rollout_setup import check_lengths, default_client, extra_g
 from jaxrl_sys.train.state import (TrainState, abstract_state, init_train_state, state_shardings,
                                    with_shardings)
 from jaxrl_sys.train.step import make_train_fns
+from jaxrl_sys.train.stop_signals import RunInterrupted, StopSignals  # noqa: F401 (re-export)
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +74,6 @@ class RunResult:
   preempted: bool
   resumed_from: int | None
   stop_signal: str | None = None
-
-
-class RunInterrupted(KeyboardInterrupt):
-  """A second SIGINT: the run stopped at once (the checkpoint save in flight was flushed)."""
 
 
 class UnreadableCheckpointsError(ValueError):
@@ -162,10 +154,7 @@ class RLLoop:
                      else Progress(loop_config.steps, bool(progress)))
     self.step_hooks = tuple(step_hooks)
     self.guard = DivergenceGuard("skip" if train_config.optim.skip_nonfinite else "stop")
-    self._stop = threading.Event()
-    self._stop_signal: str | None = None
-    self._critical = 0  # > 0 while orbax runs on this thread: an abort waits for it
-    self._abort: str | None = None
+    self.signals = StopSignals(self.progress.message)
     self.flops_per_token = train_flops_per_token(model_config, loop_config.seq_len,
                                                  reference=train_config.uses_reference,
                                                  scored_len=loop_config.max_new_tokens)
@@ -173,7 +162,7 @@ class RLLoop:
   # ----- state -------------------------------------------------------------------------------
   def request_stop(self) -> None:
     """Asks the loop to stop after the current step (what the SIGTERM handler does)."""
-    self._stop.set()
+    self.signals.stop.set()
 
   def _start(self) -> tuple[TrainState, dict, int | None]:
     if self.resume and self.ckpt is not None:
@@ -248,13 +237,8 @@ class RLLoop:
                                    max_prompt_len=self.lc.max_prompt_len,
                                    min_version=min_version))
 
-  def _check_abort(self) -> None:
-    """A safe point: raises `RunInterrupted` after a second SIGINT."""
-    if self._abort and not self._critical:
-      raise RunInterrupted(self._abort)
-
   def _poll(self, client, buffer: RolloutBuffer) -> float:
-    self._check_abort()
+    self.signals.check()
     t0 = self.clock.now()
     got = client.poll(min_count=1, timeout=self.lc.poll_timeout)
     now = self.clock.now()
@@ -283,7 +267,7 @@ class RLLoop:
     if deadline is None:
       return 0.0
     while len(buffer.complete_groups()) < self.lc.prompts_per_step:
-      self._check_abort()
+      self.signals.check()
       left = deadline - self.clock.now()
       if left <= 0:
         break
@@ -304,7 +288,7 @@ class RLLoop:
     pending_micro: list[Group] = []
     m, b = lc.micro_batch_groups, lc.prompts_per_step
     while len(taken) < b:
-      self._check_abort()
+      self.signals.check()
       ready = self._ready(buffer, version, b - len(taken))
       if not ready:
         t_roll += self._poll(client, buffer)
@@ -381,11 +365,11 @@ class RLLoop:
   # ----- the loop ----------------------------------------------------------------------------
   def run(self) -> RunResult:
     """Runs until `state.step == loop.steps` or a stop request; returns the final state."""
-    old_handler = self._install_signal_handler()
+    self.signals.install()
     try:
       return self._run()
     finally:
-      self._restore_signal_handler(old_handler)
+      self.signals.restore()
 
   def _run(self) -> RunResult:
     try:
@@ -417,7 +401,7 @@ class RLLoop:
     history, preempted = [], False
     try:
       while step < self.lc.steps:
-        self._check_abort()
+        self.signals.check()
         t_step = self.clock.now()
         self._admit(client, buffer, step)
         t_seed = self._seed(client, buffer)
@@ -446,35 +430,24 @@ class RLLoop:
         self.progress.update(step, row, newline=step % max(self.lc.log_every, 1) == 0)
         if diverged is not None:  # logged, never checkpointed
           raise diverged
-        stop = self._stop.is_set()
+        stop = self.signals.stop.is_set()
         if self.ckpt is not None and (stop or step == self.lc.steps or (
             self.ckpt_cfg.save_every and step % self.ckpt_cfg.save_every == 0)):
-          with self._checkpointing():
+          with self.signals.critical():
             self.ckpt.save(state, self._host_state(buffer, client), force=stop)
         if stop:
           preempted = step < self.lc.steps
           break
     finally:
       self._close()  # waits for the checkpoint save in flight (also on a second SIGINT)
-    return RunResult(state, history, preempted, resumed, self._stop_signal)
+    return RunResult(state, history, preempted, resumed, self.signals.name)
 
   def _close(self) -> None:
     self.logger.close()
     self.progress.close()
     if self.ckpt is not None:
-      with self._checkpointing():
+      with self.signals.critical():
         self.ckpt.close()
-
-  @contextlib.contextmanager
-  def _checkpointing(self):
-    """Marks orbax work on this thread: a second SIGINT meanwhile is held until it is done
-    (an exception raised inside orbax's waits leaves a half-written step), then raised."""
-    self._critical += 1
-    try:
-      yield
-    finally:
-      self._critical -= 1
-    self._check_abort()
 
   def _metrics(self, metrics, scored, taken, t_roll, t_train, t_step, version) -> dict:
     rewards = np.concatenate([s.rewards.reshape(-1) for s in scored])
@@ -502,33 +475,3 @@ class RLLoop:
             peak_flops() * ndev),
         next_prompt=self.next_prompt)
     return row
-
-  # ----- signals -----------------------------------------------------------------------------
-  def _install_signal_handler(self):
-    if threading.current_thread() is not threading.main_thread():
-      return None
-
-    def handler(signum, frame):  # pylint: disable=unused-argument
-      name = signal.Signals(signum).name
-      if signum == signal.SIGINT and self._abort:
-        os.write(2, b"third SIGINT: exiting now, without waiting for the checkpoint save\n")
-        os._exit(130)  # pylint: disable=protected-access
-      if signum == signal.SIGINT and self._stop.is_set():
-        # Raising here could interrupt orbax or JAX mid-way (locks held: a hang); the loop
-        # raises at its next safe point instead (`_check_abort`).
-        self._abort = f"second {name}: stopped at once"
-        self.progress.message(f"second {name}: stopping now, once the checkpoint save in "
-                              "flight is written (Ctrl-C again to exit without waiting)")
-        return
-      self._stop_signal = self._stop_signal or name
-      again = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""
-      self.progress.message(f"{name}: finishing the current step, then saving and exiting"
-                            f"{again}")
-      self._stop.set()
-    return {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-
-  @staticmethod
-  def _restore_signal_handler(old) -> None:
-    if old is not None and threading.current_thread() is threading.main_thread():
-      for s, h in old.items():
-        signal.signal(s, h)
