@@ -336,7 +336,8 @@ json.dump(cfg, open(p, "w"))
              "--resume"])
     cfg = json.load(open(f"{out}/config.json"))
     changed = (cfg.get("history") or [{}])[-1].get("changed", {})
-    ok = r.rc == 0 and "learning_rate" in changed and "learning_rate 0.001 -> 0.002" in r.err
+    ok = (r.rc == 0 and any(k.endswith("learning_rate") for k in changed)
+          and "learning_rate 0.001 -> 0.002" in r.err)
     got.append(("--resume with another --learning_rate", verdict_of(r, ok),
                 f"history records {sorted(changed)}"))
     newest = f"{out}/checkpoints/{_ckpts(out)[-1]}/meta/metadata"

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from jaxrl_sys.train import recipe as recipe_lib
-from jaxrl_sys.train.loop import UnreadableCheckpointsError
+from jaxrl_sys.train.loop.rl_loop import UnreadableCheckpointsError
 from tests.train.common import quick
 
 
@@ -36,16 +36,16 @@ def test_resume_semantics(tmp_path, capsys):
   err = capsys.readouterr().err
   assert result.resumed_from == 2
   assert _steps(out) == [1, 2, 3, 4]  # step 3 replayed: one row, the new one
-  assert "settings changed since the previous call: learning_rate 0.001 -> 0.002, steps 3 -> 4" \
-      in err
+  assert "settings changed since the previous call: loop.steps 3 -> 4, optim.learning_rate " \
+      "0.001 -> 0.002" in err
   cfg = _config(out)
-  assert cfg["learning_rate"] == 0.002 and cfg["steps"] == 4
+  assert cfg["optim"]["learning_rate"] == 0.002 and cfg["loop"]["steps"] == 4
   first, second = cfg["history"]
   assert first["call"] == 1 and not first["resume"] and "changed" not in first
   assert second["call"] == 2 and second["resume"]
-  assert second["changed"] == {"learning_rate": [0.001, 0.002], "steps": [3, 4]}
+  assert second["changed"] == {"optim.learning_rate": [0.001, 0.002], "loop.steps": [3, 4]}
   # the file still feeds --config (history is not a setting)
-  from jaxrl_sys.train import config_file
+  from jaxrl_sys.train.recipe import config_file
   assert "history" not in config_file.read_config_file(os.path.join(out, "config.json"))
 
   before = open(os.path.join(out, "config.json")).read()
