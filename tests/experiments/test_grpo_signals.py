@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from jaxrl_sys.train.run_dir import claim_run_dir
+from jaxrl_sys.train.recipe.run_dir import claim_run_dir
 from jaxrl_sys.train.recipe.run_lock import RunDirLockedError
 from tests.experiments.test_grpo_cli import _committed_steps, _start, _wait_for
 
