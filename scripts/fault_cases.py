@@ -199,7 +199,7 @@ class Cases:
 import json, os, shutil, jax
 from jaxrl_sys import models
 from jaxrl_sys.tasks import CharTokenizer
-from jaxrl_sys.train.presets import MATH_CHARS
+from jaxrl_sys.train.recipe.presets import MATH_CHARS
 tok = CharTokenizer(MATH_CHARS)
 c = models.ModelConfig(vocab_size=tok.vocab_size, hidden_size=16, num_layers=1, num_heads=2,
                        num_kv_heads=1, head_dim=8, intermediate_size=32, max_seq_len=64,
