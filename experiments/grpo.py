@@ -16,9 +16,15 @@ Each run writes into its own directory (--out_dir, default a new runs/<algo>-<ta
 config.json (feed it back with --config to repeat the run), metrics.jsonl, TensorBoard events
 (tb/), reward_kl.png, checkpoints/ (unless --checkpoint_dir), final_params.npz. An --out_dir
 that already holds a run is refused unless --resume (continue it) or --overwrite (replace it).
-SIGTERM: finish the step, checkpoint, exit 0; `--resume` continues from the newest usable
-checkpoint, and refuses (exit 2) a checkpoint written by a different configuration. A
-non-finite loss or gradient stops the run with exit 3 (or is skipped with --skip_nonfinite).
+SIGTERM: finish the step, checkpoint, exit 0; SIGINT (Ctrl-C): the same, exit 130; a second
+Ctrl-C stops at once once the save in flight is written (exit 130). `--resume` continues from
+the newest usable checkpoint, and refuses (exit 2) a checkpoint written by a different
+configuration, --steps below the step reached, and a directory whose checkpoints are all
+unreadable; each call's changed settings are listed and kept in config.json's history. A run
+holds a lock on its directory (.lock: pid, host, start time): another run's --overwrite or
+--resume of it is refused while it lives; a dead run's lock is reclaimed. A non-finite loss or
+gradient stops the run with exit 3 (or is skipped with --skip_nonfinite). Bad input is
+reported in one line, exit 2.
 
 --mesh=AxB on a machine without that many accelerators fakes A*B CPU devices: the flag is read
 from argv (or the --config file) before JAX initialises
@@ -33,6 +39,7 @@ docs/multihost.md.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 
@@ -96,11 +103,25 @@ def _fake_cpu_devices(argv: list[str]) -> None:
     processes = _early_process_count(argv)
     size = size // processes if size % processes == 0 else size
   flags = os.environ.get("XLA_FLAGS", "")
+  from jaxrl_sys.train.recipe import limits  # pylint: disable=import-outside-toplevel
+  if size and size > limits.MAX_FAKE_CPU_DEVICES:
+    return  # refused by build_recipe with a message, unless the accelerators have that many
   if size and size > 1 and "xla_force_host_platform_device_count" not in flags:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={size}".strip()
+    note = limits.fake_devices_note(size)
+    if note:
+      print(note, file=sys.stderr)
+
+
+def _interrupted_while_starting(signum, frame):  # pylint: disable=unused-argument
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving anyway: more Ctrl-C change nothing
+  print("interrupted (SIGINT) while starting: nothing was run", file=sys.stderr)
+  sys.exit(130)
 
 
 if __name__ == "__main__":
+  # Ctrl-C while the imports below run (seconds on a busy machine): exit 130, no traceback.
+  signal.signal(signal.SIGINT, _interrupted_while_starting)
   _fake_cpu_devices(sys.argv)
 
 # pylint: disable=wrong-import-position
@@ -126,6 +147,9 @@ def recipe_from_flags():
   if FLAGS.config:
     cli.apply_config_file(FLAGS.config, FLAGS)
   rc = cli.run_config_from_flags(FLAGS)
+  if FLAGS.resume and rc.output.overwrite:
+    from jaxrl_sys.train.recipe.run_dir import RESUME_OVERWRITE  # pylint: disable=import-outside-toplevel
+    raise ValueError(RESUME_OVERWRITE)
   if FLAGS.resume and not (rc.output.out_dir or rc.checkpoint.directory):
     raise ValueError("--resume needs the run to continue: its --out_dir (or --checkpoint_dir)")
   if not rc.output.out_dir:
@@ -149,6 +173,7 @@ def join_job():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt from here on
   import jax  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train.loop.guard import DivergenceError  # pylint: disable=import-outside-toplevel
@@ -194,20 +219,34 @@ def _train(jax, recipe_lib, DivergenceError):  # pylint: disable=invalid-name
   except (ValueError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt as e:  # Ctrl-C outside the loop, or a second one inside it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving anyway: more Ctrl-C change nothing
+    what = str(e) or "SIGINT"
+    print(f"interrupted ({what}); the checkpoint save in flight, if any, was written: continue "
+          "with --resume", file=sys.stderr)
+    return 130
+  step = int(jax.device_get(result.state.step))
+  total = recipe.config.loop.steps
   last = result.history[-1] if result.history else {}
-  status = "preempted (checkpoint saved)" if result.preempted else "done"
-  if jax.process_count() > 1:
-    status = f"process {jax.process_index()}/{jax.process_count()}: {status}"
-  line = (f"{status}: step {int(jax.device_get(result.state.step))}/{recipe.config.loop.steps}, "
-          f"reward {last.get('reward_mean', float('nan')):.3f}")
-  if "eval_reward" in last:
-    line += f", eval reward {last['eval_reward']:.3f}"
-  print(line, file=sys.stderr)
+  if result.stop_signal == "SIGINT":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(f"interrupted (SIGINT) after step {step}/{total}: checkpoint saved; continue with "
+          "--resume", file=sys.stderr)
+  else:
+    status = "preempted (checkpoint saved)" if result.preempted else "done"
+    if jax.process_count() > 1:
+      status = f"process {jax.process_index()}/{jax.process_count()}: {status}"
+    line = f"{status}: step {step}/{total}"
+    line += (f", reward {last['reward_mean']:.3f}" if "reward_mean" in last
+             else " (nothing left to train)" if not result.history else "")
+    if "eval_reward" in last:
+      line += f", eval reward {last['eval_reward']:.3f}"
+    print(line, file=sys.stderr)
   for note in result.notes:
     print(f"note: {note}", file=sys.stderr)
   if result.outputs:
     print("outputs:\n  " + "\n  ".join(result.outputs), file=sys.stderr)
-  return 0
+  return 130 if result.stop_signal == "SIGINT" else 0
 
 
 if __name__ == "__main__":

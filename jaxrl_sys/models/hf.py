@@ -32,8 +32,24 @@ def dense_to_params(tensors: dict, c: ModelConfig) -> dict:
       "w_gate": t.stack("model.layers.{}.mlp.gate_proj.weight", L, lambda w: w.T),
       "w_up": t.stack("model.layers.{}.mlp.up_proj.weight", L, lambda w: w.T),
       "w_down": t.stack("model.layers.{}.mlp.down_proj.weight", L, lambda w: w.T)}
-  t.finish(c.architecture)
+  rest = t.finish(c.architecture)
+  if rest:
+    raise ValueError(unexpected_tensors_message(c.architecture, rest))
   return params
+
+
+def unexpected_tensors_message(arch: str, names: list[str]) -> str:
+  """The error for checkpoint tensors that `arch` has no place for (they would be dropped)."""
+  hint = ""
+  if any(n.endswith(("q_norm.weight", "k_norm.weight")) for n in names):
+    hint = (" q/k norm tensors belong to Qwen3 (config.json: \"architectures\": "
+            "[\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\")")
+  elif any(n.endswith(("q_proj.bias", "k_proj.bias")) for n in names):
+    hint = " q/k/v biases belong to Qwen2 (or attention_bias=true in config.json)"
+  return (f"{arch}: unexpected tensor(s) in the checkpoint: {names[:12]}"
+          + (f" (+{len(names) - 12} more)" if len(names) > 12 else "")
+          + f"; loading would drop them. config.json names {arch}, but the weights are of "
+          f"another architecture?{hint}")
 
 
 def dense_from_params(params: dict, c: ModelConfig) -> dict:
@@ -51,19 +67,45 @@ for _a in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralF
                         dense_from_params, dense_config_to_hf)
 
 
+def read_hf_config(directory: str) -> dict:
+  """The parsed config.json of an HF directory; ValueError naming the file when it is not a
+  JSON object."""
+  path = os.path.join(directory, "config.json")
+  try:
+    with open(path, encoding="utf-8") as f:
+      cfg = json.load(f)
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                     "rewrite it with model.config.save_pretrained(DIR)") from None
+  if not isinstance(cfg, dict):
+    raise ValueError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+  return cfg
+
+
+def _from_hf(config_from_hf, cfg: dict, directory: str) -> ModelConfig:
+  try:
+    return config_from_hf(cfg)
+  except KeyError as e:
+    raise ValueError(f"{os.path.join(directory, 'config.json')}: missing field {e.args[0]!r}"
+                     ) from None
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{os.path.join(directory, 'config.json')}: {e}") from None
+
+
 def _arch_of(cfg: dict, directory: str) -> str:
   archs = cfg.get("architectures") or []
-  if not archs:
+  if not isinstance(archs, list) or not archs:
     raise ValueError(f"{directory}/config.json has no 'architectures' entry")
   architecture(archs[0], f"{directory}/config.json")
   return archs[0]
 
 
 def load_hf_config(directory: str) -> ModelConfig:
-  with open(os.path.join(directory, "config.json")) as f:
-    cfg = json.load(f)
+  cfg = read_hf_config(directory)
   arch = _arch_of(cfg, directory)
-  return architecture(arch, directory)[0](cfg)
+  return _from_hf(architecture(arch, directory)[0], cfg, directory)
 
 
 def load_hf_checkpoint(directory: str, dtype: str | None = "float32"
@@ -76,11 +118,10 @@ def load_hf_checkpoint(directory: str, dtype: str | None = "float32"
       checkpoint holds, so small updates are not rounded away), "bfloat16", or None for the
       checkpoint's own (`load_hf_config(directory).param_dtype`, its source dtype).
   """
-  with open(os.path.join(directory, "config.json")) as f:
-    cfg = json.load(f)
+  cfg = read_hf_config(directory)
   arch = _arch_of(cfg, directory)
   config_from_hf, to_params, _, _ = architecture(arch, directory)
-  config = config_from_hf(cfg)
+  config = _from_hf(config_from_hf, cfg, directory)
   if dtype is not None:
     config = dataclasses.replace(config, param_dtype=dtype, compute_dtype=dtype)
   tensors = safetensors_io.read_checkpoint(directory)

@@ -21,23 +21,59 @@ INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 
 
+class SafetensorsError(ValueError):
+  """A .safetensors file that is truncated or malformed (the message names the file)."""
+
+
+def _header(path: str, data: bytes) -> tuple[dict, int]:
+  """(header dict, offset of the tensor bytes); SafetensorsError naming `path` when the file is
+  too short or its header is not a JSON object."""
+  if len(data) < 8:
+    raise SafetensorsError(f"{path}: truncated ({len(data)} bytes; a safetensors file starts "
+                           "with an 8-byte header length)")
+  (n,) = struct.unpack("<Q", data[:8])
+  if 8 + n > len(data):
+    raise SafetensorsError(f"{path}: truncated or not a safetensors file (header of {n} bytes, "
+                           f"file of {len(data)})")
+  try:
+    header = json.loads(data[8:8 + n])
+  except ValueError as e:
+    raise SafetensorsError(f"{path}: unreadable header ({e})") from None
+  if not isinstance(header, dict):
+    raise SafetensorsError(f"{path}: the header is not a JSON object")
+  return header, 8 + n
+
+
 def read_file(path: str) -> dict[str, np.ndarray]:
-  """Reads every tensor of one .safetensors file."""
+  """Reads every tensor of one .safetensors file.
+
+  Raises:
+    SafetensorsError: a truncated or malformed file (named, with the offending tensor).
+  """
   with open(path, "rb") as f:
     data = f.read()
-  (n,) = struct.unpack("<Q", data[:8])
-  header = json.loads(data[8:8 + n])
-  base = 8 + n
+  header, base = _header(path, data)
   out = {}
   for name, info in header.items():
     if name == "__metadata__":
       continue
-    if info["dtype"] not in _TO_NP:
-      raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-    start, end = info["data_offsets"]
-    dt = np.dtype(_TO_NP[info["dtype"]])
-    arr = np.frombuffer(data, dtype=dt, count=(end - start) // dt.itemsize, offset=base + start)
-    out[name] = arr.reshape(info["shape"]).copy()
+    try:
+      dtype, shape, (start, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+    except (KeyError, TypeError, ValueError):
+      raise SafetensorsError(f"{path}: tensor {name!r} has a malformed header entry {info!r:.200}"
+                             ) from None
+    if dtype not in _TO_NP:
+      raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {dtype}")
+    dt = np.dtype(_TO_NP[dtype])
+    want = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if end - start != want or start < 0:
+      raise SafetensorsError(f"{path}: tensor {name!r} {dtype}{list(shape)} needs {want} bytes, "
+                             f"its offsets span {end - start}")
+    if base + end > len(data):
+      raise SafetensorsError(f"{path}: truncated: tensor {name!r} ends at byte {base + end}, the "
+                             f"file has {len(data)} bytes (re-download or re-save it)")
+    arr = np.frombuffer(data, dtype=dt, count=want // dt.itemsize, offset=base + start)
+    out[name] = arr.reshape(shape).copy()
   return out
 
 
@@ -68,10 +104,15 @@ def read_checkpoint(directory: str) -> dict[str, np.ndarray]:
   """Reads `model.safetensors` or every shard named in `model.safetensors.index.json`."""
   index = os.path.join(directory, INDEX_NAME)
   if os.path.exists(index):
-    with open(index) as f:
-      weight_map = json.load(f)["weight_map"]
+    try:
+      with open(index, encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
     out = {}
     for shard in sorted(set(weight_map.values())):
+      if not os.path.isfile(os.path.join(directory, shard)):
+        raise ValueError(f"{index} names the shard {shard}, which is not in {directory}")
       out.update(read_file(os.path.join(directory, shard)))
     missing = sorted(set(weight_map) - set(out))
     if missing:

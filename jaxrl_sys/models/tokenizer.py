@@ -21,13 +21,22 @@ class HFTokenizer:
     path = os.path.join(directory, "tokenizer.json")
     if not os.path.exists(path):
       raise FileNotFoundError(f"no tokenizer.json in {directory}")
-    self._tok = tokenizers.Tokenizer.from_file(path)
+    try:
+      self._tok = tokenizers.Tokenizer.from_file(path)
+    except Exception as e:  # pylint: disable=broad-except  (the Rust error names no file)
+      raise ValueError(f"{path}: not a readable tokenizer ({e})") from None
     meta: dict = {}
     for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
       p = os.path.join(directory, name)
       if os.path.exists(p):
-        with open(p) as f:
-          meta.update({k: v for k, v in json.load(f).items() if v is not None})
+        try:
+          with open(p, encoding="utf-8") as f:
+            data = json.load(f)
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+          raise ValueError(f"{p}: not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+          raise ValueError(f"{p}: expected a JSON object, got {type(data).__name__}")
+        meta.update({k: v for k, v in data.items() if v is not None})
     self.chat_template = _chat_template(directory, meta.get("chat_template"))
     self.special_tokens = {k: _token_text(meta.get(k)) for k in ("bos_token", "eos_token")}
     eos = meta.get("eos_token_id")

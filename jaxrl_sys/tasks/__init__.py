@@ -7,16 +7,17 @@
 - `make_task(name, reward=None, **kw)`: a built-in name or "jsonl:PATH" (also "parquet:",
   "datasets:").
 - `score_completions(task, problems, texts) -> (rewards [n] f32, errors)`; `CountingTask`
-  counts reward failures for the metrics.
+  counts reward failures for the metrics; `reward_value` is the one check of a reward value.
 - `supervised_examples(...)`: warm-up sequences; `extract_gsm8k_answer`, `gsm8k_reward`.
 """
 from jaxrl_sys.tasks.arithmetic import ArithmeticTask, parse_integer_answer
-from jaxrl_sys.tasks.base import (NonFiniteRewardError, Problem, RewardError, SupervisedBatch,
-                                  Task, score_completions, supervised_examples)
+from jaxrl_sys.tasks.base import (NonFiniteRewardError, Problem, RewardError, RewardValueError,
+                                  SupervisedBatch, Task, supervised_examples)
 from jaxrl_sys.tasks.countdown import CountdownTask, evaluate
 from jaxrl_sys.tasks.dataset import DatasetTask, make_dataset_task, parse_task_spec, read_rows
 from jaxrl_sys.tasks.gsm8k import extract_gsm8k_answer, gsm8k_reward
-from jaxrl_sys.tasks.rewards import CountingTask, exact_match, load_reward
+from jaxrl_sys.tasks.rewards import (CountingTask, exact_match, load_reward, reward_value,
+                                     score_completions)
 from jaxrl_sys.tasks.tokenizer import CharTokenizer
 
 TASKS = {"arithmetic": ArithmeticTask, "countdown": CountdownTask}
@@ -42,7 +43,8 @@ def make_task(name: str, reward=None, **kwargs) -> Task:
 
 __all__ = [
     "ArithmeticTask", "CharTokenizer", "CountdownTask", "CountingTask", "DatasetTask",
-    "NonFiniteRewardError", "Problem", "RewardError", "SupervisedBatch", "TASKS", "Task",
+    "NonFiniteRewardError", "Problem", "RewardError", "RewardValueError", "SupervisedBatch",
+    "TASKS", "Task", "reward_value",
     "evaluate", "exact_match", "extract_gsm8k_answer", "gsm8k_reward", "load_reward",
     "make_dataset_task", "make_task", "parse_integer_answer", "parse_task_spec", "read_rows",
     "score_completions", "supervised_examples",

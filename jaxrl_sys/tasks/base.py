@@ -1,14 +1,10 @@
-"""Task protocol, problems, safe reward scoring and supervised warm-up data."""
+"""Task protocol, problems and supervised warm-up data (reward scoring: `tasks.rewards`)."""
 from __future__ import annotations
 
 import dataclasses
-import logging
-import math
-from typing import Any, NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,49 +36,9 @@ class NonFiniteRewardError(ValueError):
   """A reward function returned NaN or an infinity (a bug in the reward, never a score)."""
 
 
-def check_finite_reward(value: Any, task_name: str, prompt: str, completion: str) -> float:
-  """`float(value)`, or NonFiniteRewardError naming the prompt and the completion."""
-  r = float(value)
-  if not math.isfinite(r):
-    raise NonFiniteRewardError(
-        f"the reward function of task {task_name!r} returned {r} for prompt {prompt!r} and "
-        f"completion {completion!r}; rewards must be finite numbers (return 0.0 for a failed "
-        "answer)")
-  return r
-
-
-def score_completions(task: Task, problems: Sequence[Problem], texts: Sequence[str]
-                      ) -> tuple[np.ndarray, list[RewardError]]:
-  """Scores each completion; a reward function that raises scores 0 (a failure).
-
-  Failures are summarised in one warning per call (how many, and the first prompt and error);
-  `tasks.rewards.CountingTask` also counts them for the run's metrics.
-
-  Returns:
-    rewards `[n]` float32 and the list of failures.
-
-  Raises:
-    NonFiniteRewardError: a reward was NaN or infinite (the message names the prompt).
-  """
-  if len(problems) != len(texts):
-    raise ValueError(f"{len(problems)} problems but {len(texts)} completions")
-  name = getattr(task, "name", type(task).__name__)
-  rewards = np.zeros(len(texts), np.float32)
-  errors: list[RewardError] = []
-  for i, (p, t) in enumerate(zip(problems, texts)):
-    try:
-      value = task.reward(p, t)
-    except NonFiniteRewardError:
-      raise
-    except Exception as e:  # pylint: disable=broad-except
-      errors.append(RewardError(i, p.prompt, f"{type(e).__name__}: {e}"))
-      continue
-    rewards[i] = check_finite_reward(value, name, p.prompt, t)
-  if errors:
-    first = errors[0]
-    log.warning("reward function of task %r failed on %d of %d completions (scored 0); first "
-                "on prompt %r: %s", name, len(errors), len(texts), first.prompt, first.message)
-  return rewards, errors
+class RewardValueError(TypeError):
+  """A reward function returned something that is not a reward: not a real number (a string,
+  None, a list, ...) or a number that does not fit float32. Counted as a failed call."""
 
 
 class SupervisedBatch(NamedTuple):

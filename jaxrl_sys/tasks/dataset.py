@@ -26,8 +26,14 @@ FORMATS = ("jsonl", "parquet", "datasets")
 
 def _read_jsonl(path: str) -> list[dict]:
   rows = []
-  with open(path, encoding="utf-8") as f:
-    text = f.read()
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = raw.count(b"\n", 0, e.start) + 1
+    raise ValueError(f"{path} line {line} (byte {e.start}): not UTF-8 text ({e.reason}); save "
+                     "the file as UTF-8") from None
   if text.lstrip().startswith("["):  # a JSON array of objects
     try:
       data = json.loads(text)
@@ -50,7 +56,10 @@ def _read_parquet(path: str) -> list[dict]:
   except ImportError as e:
     raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow), or convert "
                      "the file to JSONL") from e
-  return pq.read_table(path).to_pylist()
+  try:
+    return pq.read_table(path).to_pylist()
+  except Exception as e:  # pylint: disable=broad-except  (pyarrow's errors do not name the file)
+    raise ValueError(f"{path}: cannot read it as Parquet ({type(e).__name__}: {e})") from None
 
 
 def _read_datasets_dir(path: str) -> list[dict]:
@@ -158,6 +167,11 @@ class DatasetTask:
     fields = {k: v for k, v in problem.meta["row"].items()
               if k not in (self.prompt_key, "completion")}
     return self.reward_fn(problem.prompt, completion, **fields)
+
+  def select(self, keep: Sequence[int]) -> "DatasetTask":
+    """The same task over the rows `keep` (indices into `rows`, in that order)."""
+    kw = dict(prompt_key=self.prompt_key, answer_key=self.answer_key, seed=self.seed)
+    return DatasetTask([self.rows[i] for i in keep], self.reward_fn, name=self.name, **kw)
 
   def split(self, num_eval: int) -> tuple["DatasetTask", "DatasetTask"]:
     """(train, held-out) tasks: the last `num_eval` rows are held out from training."""

@@ -7,21 +7,98 @@ A user reward is a plain Python function
 (`row`: the other fields of the prompt's data row, e.g. `answer`), named on the command line
 as `module:function` (`--reward=mymod:score`, the module importable from the working
 directory) or `path/to/file.py:function`.
+
+Every reward value is checked in one place, `reward_value`: a real number (bool, int, float,
+a numpy scalar or 0-d array of a numeric dtype) that fits float32. Anything else (a string, even
+"1.0", None, a list, 1e300) is a failed call: it scores 0, is counted in `reward_failures`, and
+its type is named in the end-of-run note. NaN and infinities stop the run
+(`NonFiniteRewardError`): they are bugs in the reward, not scores.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import logging
+import math
+import numbers
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from jaxrl_sys.tasks.base import Problem, check_finite_reward
+import numpy as np
+
+from jaxrl_sys.tasks.base import (NonFiniteRewardError, Problem, RewardError, RewardValueError,
+                                  Task)
 
 log = logging.getLogger(__name__)
 
 RewardFn = Callable[..., float]
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def reward_value(value: Any, task_name: str, prompt: str, completion: str) -> float:
+  """The reward as a float that fits float32 (see the module docstring).
+
+  Raises:
+    RewardValueError: not a real number, or outside float32's range (type and value named).
+    NonFiniteRewardError: NaN or an infinity (prompt and completion named).
+  """
+  number = isinstance(value, (numbers.Real, np.bool_)) and not isinstance(value, np.ndarray)
+  if not number and isinstance(value, (np.ndarray, np.generic)):
+    number = np.ndim(value) == 0 and np.asarray(value).dtype.kind in "biuf"
+  if not number:
+    shown = repr(value)
+    shown = shown[:60] + "..." if len(shown) > 60 else shown
+    raise RewardValueError(f"returned {type(value).__name__} {shown}, not a number (rewards "
+                           "must be int, float, bool or a numpy scalar; strings are not "
+                           "converted)")
+  try:
+    r = float(value)
+  except OverflowError:  # an int beyond float64
+    raise RewardValueError(f"returned {type(value).__name__} {value!r:.60}, which does not fit "
+                           "float32") from None
+  if math.isnan(r) or math.isinf(r):
+    raise NonFiniteRewardError(
+        f"the reward function of task {task_name!r} returned {r} for prompt {prompt[:200]!r} "
+        f"and completion {completion[:200]!r}; rewards must be finite numbers (return 0.0 for "
+        "a failed answer)")
+  if abs(r) > _F32_MAX:
+    raise RewardValueError(f"returned {type(value).__name__} {r!r}, which does not fit float32 "
+                           f"(|r| <= {_F32_MAX:.3g}); rewards are trained in float32")
+  return r
+
+
+def score_completions(task: Task, problems: Sequence[Problem], texts: Sequence[str]
+                      ) -> tuple[np.ndarray, list[RewardError]]:
+  """Scores each completion; a reward call that raises or returns a non-reward scores 0.
+
+  Failures are summarised in one warning per call (how many, and the first prompt and error);
+  `CountingTask` also counts them for the run's metrics.
+
+  Returns:
+    rewards `[n]` float32 and the list of failures.
+
+  Raises:
+    NonFiniteRewardError: a reward was NaN or infinite (the message names the prompt).
+  """
+  if len(problems) != len(texts):
+    raise ValueError(f"{len(problems)} problems but {len(texts)} completions")
+  name = getattr(task, "name", type(task).__name__)
+  rewards = np.zeros(len(texts), np.float32)
+  errors: list[RewardError] = []
+  for i, (p, t) in enumerate(zip(problems, texts)):
+    try:
+      rewards[i] = reward_value(task.reward(p, t), name, p.prompt, t)
+    except NonFiniteRewardError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(RewardError(i, p.prompt, f"{type(e).__name__}: {e}"))
+  if errors:
+    first = errors[0]
+    log.warning("reward function of task %r failed on %d of %d completions (scored 0); first "
+                "on prompt %r: %s", name, len(errors), len(texts), first.prompt[:200],
+                first.message)
+  return rewards, errors
 
 
 def exact_match(prompt: str, completion: str, *, answer: Any = None, **row) -> float:
@@ -80,10 +157,10 @@ def load_reward(spec: str) -> RewardFn:
 class CountingTask:
   """Wraps a task so that reward failures are counted (metrics), not logged per completion.
 
-  A reward that raises scores 0.0; the first failure of each exception type is logged once
-  with its prompt, later ones only counted. A NaN / infinite reward raises
-  `NonFiniteRewardError` naming the prompt. `problem`, `name` and other attributes pass
-  through to the wrapped task.
+  A reward that raises or returns a non-reward (`reward_value`) scores 0.0; the first failure
+  of each kind is logged once with its prompt, later ones only counted. A NaN / infinite
+  reward raises `NonFiniteRewardError` naming the prompt. `problem`, `name` and other
+  attributes pass through to the wrapped task.
   """
 
   def __init__(self, task):
@@ -106,12 +183,15 @@ class CountingTask:
     self.calls += 1
     self.total_calls += 1
     try:
-      value = self.task.reward(problem, completion)
+      return reward_value(self.task.reward(problem, completion), self.name, problem.prompt,
+                          completion)
+    except NonFiniteRewardError:
+      raise
     except Exception as e:  # pylint: disable=broad-except
       self.failures += 1
       self.total_failures += 1
       kind = type(e).__name__
-      text = f"{kind}: {e} (prompt {problem.prompt!r}, completion {completion!r})"
+      text = f"{kind}: {e} (prompt {problem.prompt[:200]!r}, completion {completion[:200]!r})"
       if self.first_failure is None:
         self.first_failure = text
       if kind not in self._seen:
@@ -119,7 +199,6 @@ class CountingTask:
         log.warning("reward function of task %r raised %s; scored 0, further failures are "
                     "counted in the metric reward_failures", self.name, text)
       return 0.0
-    return check_finite_reward(value, self.name, problem.prompt, completion)
 
   def take_counts(self) -> tuple[int, int]:
     """(failures, calls) since the previous call."""

@@ -16,6 +16,7 @@ renames the step directory aside with a warning and tries the previous step.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -44,6 +45,38 @@ class Restored(NamedTuple):
 
 class CorruptCheckpointError(RuntimeError):
   """A checkpoint whose contents do not match the fingerprint stored beside it."""
+
+
+class CheckpointsUnreadable(RuntimeError):
+  """Every checkpoint of the directory failed to read; `notes` has one line per step."""
+
+  def __init__(self, directory: str, notes: list[str]):
+    super().__init__(f"no checkpoint in {directory} can be read: " + "; ".join(notes))
+    self.directory, self.notes = directory, list(notes)
+
+
+class _DropClosedLoop(logging.Filter):
+  """Hides asyncio's "Event loop is closed" reports that a failed orbax read leaves behind
+  (one per pending read task; the failure itself is reported once, by `restore`)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    text = f"{record.getMessage()} {exc}"
+    return "Event loop is closed" not in text
+
+
+@contextlib.contextmanager
+def quiet_asyncio():
+  """Within the block, asyncio's and orbax's loggers drop "Event loop is closed" noise."""
+  filt = _DropClosedLoop()
+  loggers = [logging.getLogger(n) for n in ("asyncio", "absl", "orbax", "")]
+  for lg in loggers:
+    lg.addFilter(filt)
+  try:
+    yield
+  finally:
+    for lg in loggers:
+      lg.removeFilter(filt)
 
 
 def state_to_dict(state: TrainState) -> dict:
@@ -136,29 +169,38 @@ class Checkpointer:
 
     Returns:
       `Restored` (its `skipped` lists the newer steps moved aside) or None when the directory
-      holds no usable checkpoint.
+      holds no checkpoint.
 
     Raises:
+      CheckpointsUnreadable: there are checkpoints and none can be read (nothing is moved).
       CheckpointMismatchError: the newest readable checkpoint was written by a run with another
         configuration (`CheckpointConfig.identity`) or state layout; nothing is moved.
     """
     self.wait()
     steps = [step] if step is not None else sorted(self._mngr.all_steps(), reverse=True)
-    skipped: list[str] = []
+    failed: list[tuple[int, str]] = []
     for s in steps:
       try:
-        got = self._restore_step(s, target)
-        return got._replace(skipped=tuple(skipped))
+        with quiet_asyncio():
+          got = self._restore_step(s, target)
       except CheckpointMismatchError:
         raise
       except Exception as e:  # pylint: disable=broad-except
         if step is not None:
           raise
-        moved = self._quarantine(s)
-        note = (f"checkpoint at step {s} is unreadable or corrupt ({type(e).__name__}: "
-                f"{str(e)[:200]}); moved it to {moved}")
-        log.warning("%s in %s; trying the previous one", note, self.directory)
-        skipped.append(note)
+        why = str(e).split(". See full TensorStore details")[0]  # a bound-method repr follows
+        failed.append((s, f"{type(e).__name__}: {why[:200]}"))
+        log.info("checkpoint at step %d in %s is unreadable (%s); trying the previous one", s,
+                    self.directory, failed[-1][1])
+        continue
+      # Only once an older one is known good are the unreadable newer ones moved aside.
+      skipped = tuple(f"checkpoint at step {b} is unreadable or corrupt ({why}); moved it to "
+                      f"{self._quarantine(b)}" for b, why in failed)
+      for note in skipped:
+        log.warning("%s in %s; restored step %d instead", note, self.directory, s)
+      return got._replace(skipped=skipped)
+    if failed:
+      raise CheckpointsUnreadable(self.directory, [f"step {b}: {why}" for b, why in failed])
     return None
 
   def _quarantine(self, step: int) -> str:

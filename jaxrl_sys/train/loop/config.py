@@ -56,8 +56,9 @@ class LoopConfig:
       waiting for the whole step's B groups.
     max_new_tokens: response budget per sample (None: left to the recipe, which fills in the
       task's; data sets: from the answers).
-    max_prompt_len: prompt length bucket in tokens (prompts are padded to it; longer ones are
-      an error; None: left to the recipe: the task's, data sets: the longest prompt).
+    max_prompt_len: prompt length bucket in tokens (prompts are padded to it; None: left to
+      the recipe: the task's; data sets: the longest prompt, at most 4x the 99th percentile
+      and 2048, and a data set's longer prompts are dropped with a note).
     temperature: sampling temperature (logprobs of the full distribution at it).
     oversample: APRIL over-provisioning factor in sync / one_off modes (>= 1): submit
       ceil(B * oversample) groups, keep the first B complete, carry the rest (partial) over.

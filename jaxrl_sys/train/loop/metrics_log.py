@@ -69,6 +69,36 @@ class MetricsLogger:
         from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
         self._tb = SummaryWriter(os.path.join(out_dir, "tb"))
 
+  def keep_until(self, step: int) -> int:
+    """Drops the rows of `metrics.jsonl` after `step` (a resumed run replays those steps, so
+    each step keeps one row: the latest). Rewrites the file atomically; returns the rows
+    dropped. A torn last line (a run killed mid-write) is dropped too."""
+    if not self._jsonl:
+      return 0
+    path = self._jsonl.name
+    self._jsonl.close()
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        if not line.strip():
+          continue
+        try:
+          row_step = int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+          dropped += 1
+          continue
+        if row_step <= step:
+          kept.append(line if line.endswith("\n") else line + "\n")
+        else:
+          dropped += 1
+    if dropped:
+      tmp = path + ".tmp"
+      with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+      os.replace(tmp, path)
+    self._jsonl = open(path, "a", encoding="utf-8")
+    return dropped
+
   def log(self, step: int, metrics: Mapping[str, Any]) -> None:
     row = {"step": int(step)}
     for k, v in metrics.items():

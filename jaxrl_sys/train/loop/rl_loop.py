@@ -23,15 +23,16 @@ in-process workers (`rollout.InProcessWorker`, or two `rollout.ThreadWorker`s si
 CPU host: `LoopConfig.local_workers`), or over Ray workers (see `train.recipe.rollout_setup`).
 Time comes from an injected clock; the loop raises when no completion arrives for
 `LoopConfig.stall_timeout` seconds while requests are pending.
-SIGTERM sets a flag: the current step finishes, a checkpoint is forced, and `run` returns
-with `preempted=True`.
+SIGTERM or SIGINT (Ctrl-C) sets a flag: the current step finishes, a checkpoint is forced, and
+`run` returns with `preempted=True` and `stop_signal` naming the signal. A second SIGINT stops
+the run at the next safe point with `RunInterrupted`, after the save in flight is flushed; a
+third exits the process (see `train.loop.stop_signals`).
+A resumed run drops the metrics rows after the restored step (they are replayed).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
-import threading
 from typing import Any, Callable, Sequence
 
 import jax
@@ -46,7 +47,7 @@ from jaxrl_sys.rollout.wire import request_to_json
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules
 from jaxrl_sys.train.step import batch as batch_lib
 from jaxrl_sys.train.loop.buffer import Group, RolloutBuffer
-from jaxrl_sys.train.loop.checkpoint import Checkpointer
+from jaxrl_sys.train.loop.checkpoint import Checkpointer, CheckpointsUnreadable
 from jaxrl_sys.train.step.config import TrainConfig
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.loop.groups import group_requests, score_groups
@@ -61,6 +62,7 @@ from jaxrl_sys.train.step.state import (TrainState, abstract_state, init_train_s
 from jaxrl_sys.train.step.update import make_train_fns
 from jaxrl_sys.train.loop.step_stats import StepStats, step_stats
 from jaxrl_sys.train.precision import PrecisionConfig, rollout_weights
+from jaxrl_sys.train.loop.stop_signals import RunInterrupted, StopSignals  # noqa: F401 (re-export)
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +70,18 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass
 class RunResult:
   """state: the final TrainState; history: one metrics dict per step run in this call;
-  preempted: True when SIGTERM (or `request_stop`) ended the run early; resumed_from: the
-  checkpoint step restored at start (None for a fresh run)."""
+  preempted: True when SIGTERM / SIGINT (or `request_stop`) ended the run early; resumed_from:
+  the checkpoint step restored at start (None for a fresh run); stop_signal: "SIGTERM" /
+  "SIGINT" when a signal asked the run to stop (None otherwise)."""
   state: TrainState
   history: list[dict]
   preempted: bool
   resumed_from: int | None
+  stop_signal: str | None = None
+
+
+class UnreadableCheckpointsError(ValueError):
+  """`--resume` found checkpoints, and none of them can be read."""
 
 
 def _copy(tree):
@@ -176,7 +184,7 @@ class RLLoop:
                      else Progress(loop_config.steps, bool(progress)))
     self.step_hooks = tuple(step_hooks)
     self.guard = DivergenceGuard("skip" if train_config.optim.skip_nonfinite else "stop")
-    self._stop = threading.Event()
+    self.signals = StopSignals(self.progress.message)
     self.flops_per_token = train_flops_per_token(model_config, loop_config.seq_len,
                                                  reference=train_config.uses_reference,
                                                  scored_len=loop_config.max_new_tokens)
@@ -184,13 +192,25 @@ class RLLoop:
   # ----- state -------------------------------------------------------------------------------
   def request_stop(self) -> None:
     """Asks the loop to stop after the current step (what the SIGTERM handler does)."""
-    self._stop.set()
+    self.signals.stop.set()
 
   def _start(self) -> tuple[TrainState, dict, int | None]:
     if self.resume and self.ckpt is not None:
       target = with_shardings(self.abstract, state_shardings(self.abstract, self.mc,
                                                              self.optimizer, self.mesh, self.rules))
-      got = self.ckpt.restore(target)
+      try:
+        got = self.ckpt.restore(target)
+      except CheckpointsUnreadable as e:
+        raise UnreadableCheckpointsError(
+            f"nothing can be resumed: every checkpoint in {self.ckpt.directory} is unreadable:\n"
+            + "\n".join(f"  {n}" for n in e.notes) + "\nNothing was moved or deleted. To start "
+            "the run again from scratch, pass --overwrite instead of --resume (deletes the run "
+            "directory's outputs, its checkpoints/ included), or give another --out_dir / "
+            "--checkpoint_dir") from None
+      if got is not None and got.step > self.lc.steps:
+        raise ValueError(
+            f"--steps={self.lc.steps} is below step {got.step}, where the resumed run stands "
+            f"({self.ckpt.directory}); give --steps above {got.step} to train further")
       if got is not None:
         host = got.host
         if host.get("samples_per_group") not in (None, self.samples):
@@ -251,6 +271,7 @@ class RLLoop:
                                    min_version=min_version))
 
   def _poll(self, client, buffer: RolloutBuffer) -> float:
+    self.signals.check()
     t0 = self.clock.now()
     got = client.poll(min_count=1, timeout=self.lc.poll_timeout)
     now = self.clock.now()
@@ -279,6 +300,7 @@ class RLLoop:
     if deadline is None:
       return 0.0
     while len(buffer.complete_groups()) < self.lc.prompts_per_step:
+      self.signals.check()
       left = deadline - self.clock.now()
       if left <= 0:
         break
@@ -299,6 +321,7 @@ class RLLoop:
     pending_micro: list[Group] = []
     m, b = lc.micro_batch_groups, lc.prompts_per_step
     while len(taken) < b:
+      self.signals.check()
       ready = self._ready(buffer, version, b - len(taken))
       if not ready:
         t_roll += self._poll(client, buffer)
@@ -375,14 +398,19 @@ class RLLoop:
   # ----- the loop ----------------------------------------------------------------------------
   def run(self) -> RunResult:
     """Runs until `state.step == loop.steps` or a stop request; returns the final state."""
-    old_handler = self._install_signal_handler()
+    self.signals.install()
     try:
       return self._run()
     finally:
-      self._restore_signal_handler(old_handler)
+      self.signals.restore()
 
   def _run(self) -> RunResult:
-    state, host, resumed = self._start()
+    try:
+      state, host, resumed = self._start()
+    except BaseException:
+      self._close()
+      raise
+    self.logger.keep_until(int(jax.device_get(state.step)))  # replayed steps are rewritten
     self.next_prompt, self.accepted = int(host["next_prompt"]), int(host["accepted"])
     buffer = (RolloutBuffer.from_json(host["buffer"]) if "buffer" in host
               else RolloutBuffer(self.samples))
@@ -408,6 +436,7 @@ class RLLoop:
     history, preempted = [], False
     try:
       while step < self.lc.steps:
+        self.signals.check()
         t_step = self.clock.now()
         self._admit(client, buffer, step)
         t_seed = self._seed(client, buffer)
@@ -440,19 +469,25 @@ class RLLoop:
         self.progress.update(step, row, newline=step % max(self.lc.log_every, 1) == 0)
         if diverged is not None:  # logged, never checkpointed
           raise diverged
-        stop = multihost.agree_any(self._stop.is_set()) if self.hosts else self._stop.is_set()
+        stop = self.signals.stop.is_set()
+        stop = multihost.agree_any(stop) if self.hosts else stop
         if self.ckpt is not None and (stop or step == self.lc.steps or (
             self.ckpt_cfg.save_every and step % self.ckpt_cfg.save_every == 0)):
-          self.ckpt.save(state, self._host_state(buffer, client), force=stop)
+          with self.signals.critical():
+            self.ckpt.save(state, self._host_state(buffer, client), force=stop)
         if stop:
           preempted = step < self.lc.steps
           break
     finally:
-      if self.ckpt is not None:
+      self._close()  # waits for the checkpoint save in flight (also on a second SIGINT)
+    return RunResult(state, history, preempted, resumed, self.signals.name)
+
+  def _close(self) -> None:
+    self.logger.close()
+    self.progress.close()
+    if self.ckpt is not None:
+      with self.signals.critical():
         self.ckpt.close()
-      self.logger.close()
-      self.progress.close()
-    return RunResult(state, history, preempted, resumed)
 
   def _metrics(self, metrics, stats: StepStats, t_roll, t_train, t_step, version) -> dict:
     rewards, lengths, stopped, versions = (stats.rewards, stats.lengths, stats.stopped,
@@ -482,18 +517,3 @@ class RLLoop:
   @property
   def _publish_mesh(self):
     return None if self.hosts is None else self.mesh
-
-  # ----- signals -----------------------------------------------------------------------------
-  def _install_signal_handler(self):
-    if threading.current_thread() is not threading.main_thread():
-      return None
-
-    def handler(signum, frame):  # pylint: disable=unused-argument
-      log.warning("SIGTERM: finishing the current step, then saving and exiting")
-      self._stop.set()
-    return signal.signal(signal.SIGTERM, handler)
-
-  @staticmethod
-  def _restore_signal_handler(old) -> None:
-    if old is not None and threading.current_thread() is threading.main_thread():
-      signal.signal(signal.SIGTERM, old)

@@ -34,7 +34,9 @@ from jaxrl_sys.sharding import MeshSpec, make_mesh, parse_mesh
 from jaxrl_sys.tasks import CountingTask, DatasetTask, make_task, parse_task_spec
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.step.config import TrainConfig
-from jaxrl_sys.train.recipe.config_file import reproducible
+from jaxrl_sys.train.recipe import limits
+from jaxrl_sys.train.recipe.config_file import (HISTORY_KEY, WriteOnce, reproducible,
+                                                settings_history)
 from jaxrl_sys.train.loop.groups import encode_prompt
 from jaxrl_sys.train.loop.guard import DivergenceError
 from jaxrl_sys.train.loop import multihost
@@ -45,8 +47,9 @@ from jaxrl_sys.train.loop.periodic_eval import SYNTHETIC_EVAL_START, PeriodicEva
 from jaxrl_sys.train.recipe.presets import LoadedModel, load_model
 from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup, ray_client
 from jaxrl_sys.train.recipe.run_config import RecipeConfig, RunConfig
-from jaxrl_sys.train.recipe.run_dir import (check_directory_path, describe_outputs, prepare_run_dir,
-                                            save_params, write_json)
+from jaxrl_sys.train.recipe.run_dir import (RESUME_OVERWRITE, check_directory_path,
+                                            check_export_dir, claim_run_dir, describe_outputs,
+                                            mark_export_dir, save_params, write_json)
 from jaxrl_sys.train.loop.supervised import supervised_warmup
 
 log = logging.getLogger(__name__)
@@ -85,7 +88,8 @@ def parse_task_args(text: str) -> dict[str, Any]:
 class Recipe:
   """Built objects: the config with its defaults filled in, mesh, model (config, tokenizer,
   params or None), the training task (reward failures counted), the held-out task and its
-  problem indices, configs."""
+  problem indices, configs, notes (e.g. prompts dropped for length; shown when the run
+  starts)."""
   config: RunConfig
   mesh_spec: MeshSpec
   model: LoadedModel
@@ -96,6 +100,7 @@ class Recipe:
   rollout: RolloutSetup
   eval_task: Any = None
   eval_indices: tuple[int, ...] = ()
+  notes: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -113,12 +118,26 @@ def _build_task(rc: RunConfig, task_args: dict) -> Any:
   return make_task(rc.task.name, rc.task.reward, **task_args)
 
 
-def _dataset_lengths(task: DatasetTask, tok) -> tuple[int, int]:
-  prompt = max(len(tok.encode(p.prompt, bos=True)) for p in map(task.problem, range(len(task))))
-  if task.has_answers:
-    answer = max(len(tok.encode(str(r[task.answer_key]))) for r in task.rows)
-    return prompt, max(4, answer + 3)
-  return prompt, 64
+def _fit_dataset(task: DatasetTask, model: LoadedModel, rc: RunConfig
+                 ) -> tuple[DatasetTask, int, int, str | None]:
+  """(task without the prompts longer than the bucket, prompt bucket, response budget, a note
+  on the dropped rows or None); see `recipe.limits` for the default bucket."""
+  tok = model.tokenizer
+  new_tokens = rc.loop.max_new_tokens
+  if new_tokens is None:
+    new_tokens = 64
+    if task.has_answers:
+      new_tokens = max(4, max(len(tok.encode(str(r[task.answer_key]))) for r in task.rows) + 3)
+  prompts = [row[task.prompt_key] for row in task.rows]
+  lengths = [len(tok.encode(p, bos=True)) for p in prompts]
+  context = None if model.is_preset else model.config.max_seq_len - new_tokens
+  max_len = rc.loop.max_prompt_len
+  if max_len is None:
+    max_len = limits.default_prompt_len(lengths, context)
+  note = limits.check_dropped(prompts, lengths, max_len, "--max_prompt_len")
+  if note:
+    task = task.select([i for i, n in enumerate(lengths) if n <= max_len])
+  return task, max_len, new_tokens, note
 
 
 def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
@@ -138,6 +157,8 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   spec = parse_mesh(rc.distributed.mesh)
   precision = rc.precision.resolve()  # "auto" -> this backend's dtypes, recorded as resolved
   rc = dataclasses.replace(rc, precision=precision)
+  limits.check_fake_devices(spec.size, max(len(jax.devices()), len(jax.devices("cpu"))),
+                            backend.platform())
   for path in (rc.output.out_dir, rc.checkpoint.directory, rc.output.export_hf):
     if path:
       check_directory_path(path, {rc.output.out_dir: "--out_dir", rc.output.export_hf:
@@ -150,20 +171,23 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   if task is None:
     task = _build_task(rc, parse_task_args(task_args))
   dataset = isinstance(task, DatasetTask)
+  extra = "".join(task.texts()) if dataset else ""
+  model = load_model(rc.model.name, max_seq_len=64, chat_template=rc.model.chat_template,
+                     extra_chars=extra)
+  prompt_len, new_tokens = defaults[1:]
+  notes = []
+  if dataset:
+    task, prompt_len, new_tokens, note = _fit_dataset(task, model, rc)
+    notes += [note] if note else []
   n_eval = rc.eval.prompts
   eval_task, eval_indices = task, tuple(range(SYNTHETIC_EVAL_START, SYNTHETIC_EVAL_START + n_eval))
   if dataset and rc.eval.every:
     task, eval_task = task.split(n_eval)
     eval_indices = tuple(range(n_eval))
-  extra = "".join(task.texts()) if dataset else ""
-  model = load_model(rc.model.name, max_seq_len=64, chat_template=rc.model.chat_template,
-                     extra_chars=extra)
-  prompt_len, new_tokens = defaults[1:]
-  if dataset:
-    prompt_len, new_tokens = _dataset_lengths(task, model.tokenizer)
+  pick = lambda given, default: given if given is not None else (default or 16)  # noqa: E731
   rc = rc.replace(**{"task.args": task_args,
-                     "loop.max_prompt_len": rc.loop.max_prompt_len or prompt_len or 16,
-                     "loop.max_new_tokens": rc.loop.max_new_tokens or new_tokens or 16})
+                     "loop.max_prompt_len": pick(rc.loop.max_prompt_len, prompt_len),
+                     "loop.max_new_tokens": pick(rc.loop.max_new_tokens, new_tokens)})
   if model.is_preset:
     model.config = dataclasses.replace(model.config, max_seq_len=rc.loop.seq_len)
   model.config = precision.train_model(model.config)
@@ -181,13 +205,16 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
                      "reference answers, and the task's rows have none; pass --sft_steps=0")
   train = rc.train.train_config(rc.optim, rc.loop)
   check_lengths(model.config, rc.loop)
+  samples = rc.loop.group_size + int(train.advantage.baseline == "median")
+  limits.check_memory(model.config, min(rc.loop.micro_batch_groups, rc.loop.prompts_per_step)
+                      * samples, rc.loop.seq_len, jax.devices()[0])
   encode_prompt(model.tokenizer, task.problem(0).prompt, rc.loop.max_prompt_len)  # fail early
   identity = {k: rc.get(k) for k in IDENTITY_KEYS}
   identity.update(kl_coef=train.loss.kl_coef, eval_split=n_eval if dataset and rc.eval.every
                   else 0)
   ckpt = dataclasses.replace(rc.checkpoint, identity=json.loads(json.dumps(identity)))
   return Recipe(rc, spec, model, CountingTask(task), train, rc.loop, ckpt, rc.rollout,
-                eval_task, eval_indices)
+                eval_task, eval_indices, notes)
 
 
 def recipe_mesh(spec: MeshSpec) -> jax.sharding.Mesh:
@@ -223,31 +250,73 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
     messages: print the run's messages (run directory, resume decisions) on stderr.
 
   Raises:
-    ValueError: the run directory holds another run (without `overwrite` / `resume`), or a
-      checkpoint belongs to another configuration (`CheckpointMismatchError`).
+    ValueError: the run directory holds another run (without `overwrite` / `resume`), both
+      `overwrite` and `resume`, a non-empty `export_hf` (checked first), a checkpoint of
+      another configuration (`CheckpointMismatchError`), every checkpoint unreadable, or
+      `steps` below the resumed step.
+    run_lock.RunDirLockedError: a live run holds the run directory.
     DivergenceError: a non-finite loss or gradient (metrics and plot are still written).
+    loop.stop_signals.RunInterrupted: a second SIGINT (the save in flight was flushed).
   """
-  rc, mc, tok = recipe.config, recipe.model.config, recipe.model.tokenizer
-  # Several processes: process 0 alone writes the run's files (the checkpoints excepted).
-  main = multihost.is_main()
+  rc = recipe.config
+  if resume and rc.output.overwrite:
+    raise ValueError(RESUME_OVERWRITE)
   if jax.process_count() > 1 and recipe.rollout.rollout != "local":
     raise ValueError(f"--rollout={recipe.rollout.rollout} with {jax.process_count()} "
                      "processes: a multi-process run uses each process's own co-located "
                      "engine; use --rollout=local (Ray rollout is single-process only)")
-  out_dir = rc.output.out_dir
-  run_dir = (multihost.run_on_main(
-      lambda: prepare_run_dir(out_dir, overwrite=rc.output.overwrite, resume=resume),
-      "prepare the run directory") or os.path.abspath(os.path.expanduser(out_dir))
-             ) if out_dir else None
+  # Several processes: process 0 alone claims and writes the run's files (the checkpoints
+  # excepted); its errors are raised by every process.
+  main = multihost.is_main()
+  progress = Progress(rc.loop.steps, rc.output.progress and main, messages=messages and main)
+  run_dir = lock = None
+
+  def claim():
+    nonlocal lock
+    path = None
+    if rc.output.out_dir:
+      path, lock = claim_run_dir(rc.output.out_dir, overwrite=rc.output.overwrite,
+                                 resume=resume, message=progress.message)
+    check_export_dir(rc.output.export_hf, path, overwrite=rc.output.overwrite, resume=resume)
+    return path
+
+  try:
+    run_dir = multihost.run_on_main(claim, "prepare the run directory")
+    if run_dir is None and rc.output.out_dir:
+      run_dir = os.path.abspath(os.path.expanduser(rc.output.out_dir))
+    return _run_claimed(recipe, resume, run_dir, progress)
+  except BaseException:
+    progress.close()
+    raise
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
+                 progress: Progress) -> RecipeResult:
+  """`run_recipe` once the run directory is held."""
+  rc, mc, tok = recipe.config, recipe.model.config, recipe.model.tokenizer
+  main = multihost.is_main()
   ckpt = recipe.checkpoint
   if ckpt.directory is None and run_dir is not None:
     ckpt = dataclasses.replace(ckpt, directory=os.path.join(run_dir, "checkpoints"))
-  progress = Progress(rc.loop.steps, rc.output.progress and main, messages=messages and main)
   config_path = run_dir and os.path.join(run_dir, "config.json")
+  config_hooks = []
+  for note in recipe.notes:
+    progress.message(f"note: {note}")
+  settings = reproducible(rc)
   if run_dir is not None and main:
     progress.message(f"run directory: {run_dir}")
-    if not (resume and os.path.exists(config_path)):  # a resumed run's is replaced at the end
-      write_json(config_path, reproducible(rc))
+    settings[HISTORY_KEY], changed = settings_history(config_path, settings, resume=resume)
+    if changed:
+      progress.message("settings changed since the previous call: " + ", ".join(
+          f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items()))
+    if resume and os.path.exists(config_path):
+      # written once the checkpoint is restored (a refused resume leaves the file as it was)
+      config_hooks.append(WriteOnce(config_path, settings))
+    else:
+      write_json(config_path, settings)
   progress.message(rc.precision.describe())
   mesh = recipe_mesh(recipe.mesh_spec)
 
@@ -265,6 +334,7 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
     return jax.device_get(params) if jax.process_count() > 1 else params
 
   hooks = [recipe.task.metrics_hook] if isinstance(recipe.task, CountingTask) else []
+  hooks += config_hooks
   evaluator = None
   if rc.eval.every:
     evaluator = PeriodicEval(mc, recipe.eval_task, tok, recipe.eval_indices,
@@ -295,17 +365,17 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   out = RecipeResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(RunResult)},
                      run_dir=run_dir)
   summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
-  out.notes += [summary] if summary else []
+  out.notes += recipe.notes + ([summary] if summary else [])
   params = result.state.params
   export_hf = rc.output.export_hf
   if jax.process_count() > 1 and (run_dir or export_hf):
     params = multihost.gather_to_host(params)  # a collective: every process takes part
   if run_dir and main:
-    write_json(config_path, reproducible(rc))
+    write_json(config_path, settings)
     save_params(os.path.join(run_dir, "final_params.npz"), params)
     _plot(recipe, run_dir, result.history)
   if export_hf and not result.preempted and main:
-    _export(recipe, params)
+    _export(recipe, params, run_dir)
   elif export_hf and main:
     out.notes.append(f"run preempted: --export_hf={export_hf} not written (resume to finish)")
   multihost.sync("run_outputs")
@@ -331,7 +401,7 @@ def _plot(recipe: Recipe, run_dir: str, history: list[dict]) -> None:
                        "workers)")
 
 
-def _export(recipe: Recipe, params) -> None:
+def _export(recipe: Recipe, params, run_dir: str | None) -> None:
   from jaxrl_sys.models import export_hf  # pylint: disable=import-outside-toplevel
   rc, model = recipe.config, recipe.model
   config, files = model.config, None
@@ -339,8 +409,12 @@ def _export(recipe: Recipe, params) -> None:
     tok = model.tokenizer
     config = dataclasses.replace(config, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
     files = tok.hf_tokenizer_files()
+  # Checked when the run started (`check_export_dir`): an earlier export of this run, or
+  # --overwrite, may be replaced.
   export_hf(rc.output.export_hf, config, params, tokenizer_dir=model.hf_dir, tokenizer_files=files,
-            overwrite=rc.output.overwrite, dtype=rc.precision.export_dtype)
+            overwrite=True, dtype=rc.precision.export_dtype)
+  if run_dir:
+    mark_export_dir(rc.output.export_hf, run_dir)
 
 
 def _read_history(out_dir: str) -> list[dict]:

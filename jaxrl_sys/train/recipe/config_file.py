@@ -7,6 +7,12 @@ win over the file). A file may also name settings flat, by their flag names: the
 (`loop.steps: 60`). Output locations (the `output` section and `checkpoint.directory`) and
 the launch placement of a multi-process job (`distributed.*` but the mesh) are not written,
 so a repeated run gets its own directory and may use another number of processes.
+
+
+config.json also keeps the run's `history`: one entry per call (the fresh start, then each
+`--resume`), with its start time and the settings it changed from the call before, so a run
+resumed with another `--learning_rate` says so. The other keys are the latest call's settings;
+`history` is not a setting and is ignored when the file is read back with --config.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import dataclasses
 import difflib
 import json
 import os
+import time
 from typing import Any, Iterable, Mapping
 
 from jaxrl_sys.train.recipe.run_config import ALIASES, resolve, sections, setting_paths
@@ -25,6 +32,7 @@ LOCATION_KEYS = ("out_dir", "checkpoint_dir", "export_hf", "overwrite", "progres
                  "coordinator_address", "num_processes", "process_id", "local_device_ids",
                  "distributed_timeout")
 LOCATION_PATHS = tuple(ALIASES[k] for k in LOCATION_KEYS)
+HISTORY_KEY = "history"
 
 
 def read_config_file(path: str) -> dict[str, Any]:
@@ -50,6 +58,7 @@ def read_config_file(path: str) -> dict[str, Any]:
   if not isinstance(data, dict):
     raise ValueError(f"--config={path}: expected a mapping of flag names to values, got "
                      f"{type(data).__name__}")
+  data.pop(HISTORY_KEY, None)  # a run's record of its calls, not a setting
   return data
 
 
@@ -115,3 +124,57 @@ def short_names(data: Mapping[str, Any]) -> dict[str, Any]:
   ("steps"), else "section.field" (the flat form older config.json files used)."""
   short = {path: name for name, path in ALIASES.items()}
   return {short.get(path, path): value for path, value in flat_settings(data).items()}
+
+
+def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  out: dict[str, Any] = {}
+  for k, v in tree.items():
+    if isinstance(v, Mapping):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[prefix + k] = v
+  return out
+
+
+def settings_history(path: str, settings: Mapping[str, Any], *, resume: bool
+                     ) -> tuple[list[dict], dict[str, tuple[Any, Any]]]:
+  """The `history` to write into the run's config.json at `path`, and the settings this call
+  changes from the previous one ({"section.field": (old, new)}; empty for a fresh run).
+
+  A fresh run starts a new history; a resumed one appends an entry listing what it changed
+  (an older config.json without history gets an entry for its own call first).
+  """
+  now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+  entry: dict[str, Any] = {"call": 1, "started": now, "resume": bool(resume)}
+  if not (resume and os.path.exists(path)):
+    return [entry], {}
+  try:
+    with open(path, encoding="utf-8") as f:
+      old = json.load(f)
+  except (OSError, ValueError):
+    old = None
+  if not isinstance(old, dict):
+    return [dict(entry, note=f"the previous {os.path.basename(path)} was unreadable")], {}
+  history = [h for h in old.pop(HISTORY_KEY, None) or [] if isinstance(h, dict)]
+  if not history:
+    history = [{"call": 1, "started": None, "resume": False}]
+  before = _flat(old)
+  after = _flat({k: v for k, v in settings.items() if k != HISTORY_KEY})
+  changed = {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))
+             if before.get(k) != after.get(k)}
+  entry.update(call=len(history) + 1, changed={k: list(v) for k, v in changed.items()})
+  return history + [entry], changed
+
+
+class WriteOnce:
+  """An `RLLoop` step hook that writes `data` as JSON to `path` at the first step it sees."""
+
+  def __init__(self, path: str, data: Mapping[str, Any]):
+    self.path, self.data, self.done = path, data, False
+
+  def __call__(self, step: int, state: Any, row: dict) -> None:
+    del step, state, row
+    if not self.done:
+      from jaxrl_sys.train.recipe.run_dir import write_json  # pylint: disable=import-outside-toplevel
+      write_json(self.path, dict(self.data))
+      self.done = True

@@ -99,6 +99,10 @@ class RolloutSetup:
     if self.chaos_kill_every < 0 or not 0 < self.trace_sample <= 1:
       raise ValueError("--chaos_kill_every must be >= 0 and --trace_sample in (0, 1]")
     self.offload_config()  # validates
+    if self.rollout == "local" and self.weight_store not in (None, "memory"):
+      raise ValueError(f"--weight_store={self.weight_store} is for Ray workers; the local rollout "
+                       "shares the trainer's weights in memory: drop --weight_store, or use "
+                       "--rollout=ray")
     if self.rollout == "ray" and self.weight_store == "memory":
       raise ValueError("--weight_store=memory only serves in-process workers; use "
                        "--weight_store=ray or --weight_store=tensorstore:PATH with --rollout=ray")

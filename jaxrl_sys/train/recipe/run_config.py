@@ -172,7 +172,7 @@ class OutputConfig:
   Attributes:
     out_dir: run directory (None: a new runs/<algo>-<task>-<time>).
     overwrite: replace the outputs of an earlier run in `out_dir` (and a non-empty `export_hf`
-      directory).
+      directory); not with --resume, nor while that run is alive (its lock).
     export_hf: write the trained policy as a Hugging Face directory (safetensors, config.json,
       tokenizer files).
     progress: show the progress bar on stderr.

@@ -4,14 +4,21 @@ A run directory holds `config.json`, `metrics.jsonl`, `tb/` (TensorBoard), `rewa
 `checkpoints/` (unless `--checkpoint_dir` points elsewhere), `final_params.npz` and, with
 `--export_hf`, the Hugging Face export. `new_run_dir` names a fresh one; `prepare_run_dir`
 refuses a directory that already holds a run unless the run is resumed (its outputs continue)
-or `overwrite` is set (the earlier run's outputs are deleted first).
+or `overwrite` is set (the earlier run's outputs are deleted first). `claim_run_dir` also
+takes the directory's lock (`train.run_lock`) before touching anything, so a running job's
+outputs are never deleted or appended to by another run.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import tempfile
 import time
+from typing import Callable
+
+from jaxrl_sys.train.recipe.run_lock import RunLock
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +40,22 @@ def check_directory_path(path: str, flag: str) -> str:
     parent = os.path.dirname(parent)
   if parent and not os.path.isdir(parent):
     raise ValueError(f"{flag}={path}: {parent} is a file, so the directory cannot be created")
+  _check_writable(path if os.path.isdir(path) else parent, path, flag)
   return path
+
+
+def _check_writable(existing: str, path: str, flag: str) -> None:
+  """Creates and removes a probe directory in `existing` (the directory itself or its nearest
+  existing parent): read-only mounts, permissions and pseudo file systems (/proc) fail here,
+  with a message, instead of as an OSError mid-run."""
+  try:
+    os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=existing))
+  except OSError as e:
+    why = {errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+           errno.EPERM: "operation not permitted"}.get(e.errno, e.strerror or str(e))
+    where = "" if existing == path else f" (its parent {existing} exists)"
+    raise ValueError(f"{flag}={path}: cannot write there{where}: {why}; give a writable "
+                     "directory") from None
 
 
 def new_run_dir(root: str = "runs", prefix: str = "grpo") -> str:
@@ -53,33 +75,87 @@ def previous_run_entries(path: str) -> list[str]:
   return sorted(e for e in os.listdir(path) if e in RUN_FILES + RUN_DIRS)
 
 
-def prepare_run_dir(path: str, *, overwrite: bool = False, resume: bool = False) -> str:
-  """Creates or validates the run directory and returns its absolute path.
+RESUME_OVERWRITE = ("--resume continues the run in --out_dir and --overwrite deletes it: pass "
+                    "one of them (--overwrite alone starts the run again from scratch)")
+
+
+def claim_run_dir(path: str, *, overwrite: bool = False, resume: bool = False,
+                  message: Callable[[str], None] | None = None) -> tuple[str, RunLock]:
+  """Creates or validates the run directory, takes its lock, and returns (absolute path,
+  the held lock; release it when the run ends).
 
   Args:
     path: the run directory.
     overwrite: delete an earlier run's outputs (only the entries of RUN_FILES / RUN_DIRS).
     resume: the run continues the one in `path` (its outputs are kept and appended to).
+    message: receives the line saying that a stale lock was reclaimed.
 
   Raises:
-    ValueError: `path` is a file, or holds an earlier run and neither flag is set.
+    ValueError: `path` is a file or not writable, holds an earlier run and neither flag is
+      set, or both flags are set.
+    run_lock.RunDirLockedError: a live run holds the directory (nothing is touched).
   """
+  if overwrite and resume:
+    raise ValueError(RESUME_OVERWRITE)
   path = check_directory_path(path, "--out_dir")
-  found = previous_run_entries(path)
-  if found and not resume:
-    if not overwrite:
-      raise ValueError(
-          f"--out_dir={path} already holds a run ({', '.join(found)}); pass --overwrite to "
-          "replace it, --resume to continue it, or another --out_dir (without --out_dir each "
-          "run gets a new directory under runs/)")
-    for name in found:
-      target = os.path.join(path, name)
-      if os.path.isdir(target) and not os.path.islink(target):
-        shutil.rmtree(target)
-      else:
-        os.remove(target)
   os.makedirs(path, exist_ok=True)
+  lock = RunLock(path, message)
+  lock.acquire()
+  try:
+    found = previous_run_entries(path)
+    if found and not resume:
+      if not overwrite:
+        raise ValueError(
+            f"--out_dir={path} already holds a run ({', '.join(found)}); pass --overwrite to "
+            "replace it, --resume to continue it, or another --out_dir (without --out_dir each "
+            "run gets a new directory under runs/)")
+      for name in found:
+        target = os.path.join(path, name)
+        if os.path.isdir(target) and not os.path.islink(target):
+          shutil.rmtree(target)
+        else:
+          os.remove(target)
+  except BaseException:
+    lock.release()
+    raise
+  return path, lock
+
+
+def prepare_run_dir(path: str, *, overwrite: bool = False, resume: bool = False) -> str:
+  """`claim_run_dir` without keeping the lock (checks and clean-up only)."""
+  path, lock = claim_run_dir(path, overwrite=overwrite, resume=resume)
+  lock.release()
   return path
+
+
+EXPORT_MARK = ".jaxrl_run.json"
+
+
+def check_export_dir(path: str | None, run_dir: str | None, *, overwrite: bool,
+                     resume: bool) -> None:
+  """Refuses, before any work, an --export_hf directory that is not empty, unless `overwrite`
+  or it is this run's own earlier export (`--resume` of a run that exported; see
+  `mark_export_dir`)."""
+  if not path or overwrite:
+    return
+  path = os.path.abspath(path)
+  if not os.path.isdir(path) or not os.listdir(path):
+    return
+  if resume and run_dir is not None:
+    try:
+      with open(os.path.join(path, EXPORT_MARK), encoding="utf-8") as f:
+        if json.load(f).get("run_dir") == os.path.abspath(run_dir):
+          return
+    except (OSError, ValueError, AttributeError):
+      pass
+  raise ValueError(f"--export_hf={path} is not empty ({len(os.listdir(path))} entries); choose a "
+                   "new directory or pass --overwrite (checked before training, nothing was "
+                   "run)")
+
+
+def mark_export_dir(path: str, run_dir: str) -> None:
+  """Notes in an export directory which run wrote it (so a resumed run may replace it)."""
+  write_json(os.path.join(path, EXPORT_MARK), {"run_dir": os.path.abspath(run_dir)})
 
 
 def _size(path: str) -> str:

@@ -1,0 +1,416 @@
+"""Reruns issue 30's new-user and fault cases on the CLI and prints a verdict table.
+
+    PYTHONPATH=$PWD .venv/bin/python scripts/fault_cases.py [--only SUBSTRING] [--rollout]
+
+Each case runs `python -m experiments.grpo` (a subprocess, real signals and exit codes; the
+tiny model and the test suite's shapes, so the compile cache serves it) or a few lines of
+Python, under a time limit, and gets one verdict:
+
+  ok            the run did what it should (outputs checked, not only the exit code)
+  clear error   refused with a one-line `error:` naming the problem (exit 2), no traceback
+  silent wrong  exit 0 (or the wrong exit code) while the outputs or the message are wrong
+  traceback     a Python traceback reached the user
+  data lost     outputs of a run (metrics rows, checkpoints, parameters) went missing
+  hang          the time limit passed
+
+`--rollout` adds the rollout-side cases (RolloutManager waits; another branch fixes them).
+Not run by CI: about 10 minutes on 2 CPU cores.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAPES = ["--prompts_per_step=4", "--group_size=4", "--micro_batch_groups=16", "--sft_steps=0",
+          "--lr_warmup_steps=0", "--max_new_tokens=4", "--progress=false",
+          f"--compile_cache={os.path.join(REPO, '.jax_cache')}"]
+
+
+def _env() -> dict:
+  env = dict(os.environ)
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  # the test suite's XLA flags: compile-cache entries are keyed on them
+  env["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
+                      "--xla_backend_optimization_level=0")
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  return env
+
+
+@dataclasses.dataclass
+class Result:
+  rc: int | None
+  err: str
+  seconds: float
+  timed_out: bool = False
+
+
+def cli(args: list[str], timeout: float = 240, signals: Callable | None = None) -> Result:
+  """Runs the CLI; `signals(proc)` (optional) acts on the running process."""
+  t0 = time.monotonic()
+  p = subprocess.Popen([sys.executable, "-m", "experiments.grpo", *SHAPES, *args], cwd=REPO,
+                       env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  if signals is not None:
+    signals(p)
+  try:
+    _, err = p.communicate(timeout=timeout)
+    return Result(p.returncode, err, time.monotonic() - t0)
+  except subprocess.TimeoutExpired:
+    p.kill()
+    _, err = p.communicate()
+    return Result(None, err, time.monotonic() - t0, timed_out=True)
+
+
+def py(code: str, timeout: float = 60) -> Result:
+  t0 = time.monotonic()
+  try:
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True,
+                       text=True, timeout=timeout)
+    return Result(p.returncode, p.stdout + p.stderr, time.monotonic() - t0)
+  except subprocess.TimeoutExpired as e:
+    return Result(None, str(e.stderr or ""), time.monotonic() - t0, timed_out=True)
+
+
+def verdict_of(r: Result, ok: bool, *, error: str | None = None, lost: bool = False) -> str:
+  """The verdict: hang / traceback first, then `lost`, then the expected outcome: a clear
+  error containing `error` (exit 2) when given, else `ok`."""
+  if r.timed_out:
+    return "hang"
+  if "Traceback (most recent call last)" in r.err:
+    return "traceback"
+  if lost:
+    return "data lost"
+  if error is not None:
+    lines = [s for s in r.err.splitlines() if s.startswith("error:")]
+    if r.rc == 2 and lines and re.search(error, r.err) and len(r.err) < 4000:
+      return "clear error"
+    return "silent wrong"
+  return "ok" if ok else "silent wrong"
+
+
+def _rows(out: str) -> list[int]:
+  path = os.path.join(out, "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  return [json.loads(s)["step"] for s in open(path, encoding="utf-8") if s.strip()]
+
+
+def _ckpts(out: str) -> list[int]:
+  d = os.path.join(out, "checkpoints")
+  if not os.path.isdir(d):
+    return []
+  return sorted(int(s) for s in os.listdir(d) if s.isdigit()
+                and os.path.exists(os.path.join(d, s, "_CHECKPOINT_METADATA")))
+
+
+def _wait(pred, p, timeout=180) -> bool:
+  t0 = time.monotonic()
+  while time.monotonic() - t0 < timeout and p.poll() is None:
+    if pred():
+      return True
+    time.sleep(0.05)
+  return False
+
+
+class Cases:
+  """The cases, each a method returning (verdict, detail); `tmp` holds their files."""
+
+  def __init__(self, tmp: str):
+    self.tmp = tmp
+
+  def d(self, name: str) -> str:
+    return os.path.join(self.tmp, name)
+
+  # ----- flags --------------------------------------------------------------------------------
+  def error_cases(self) -> list[tuple[str, list[str], str]]:
+    data = self._data()
+    hf = self._hf_dirs()
+    exp = self.d("export_full")
+    os.makedirs(exp, exist_ok=True)
+    open(os.path.join(exp, "keep.txt"), "w").write("x")
+    cfg = self.d("bad.yaml")
+    open(cfg, "w").write("learning_rat: 0.1\n")
+    out = lambda n: f"--out_dir={self.d(n)}"  # noqa: E731
+    return [
+        ("--max_new_tokens=0", ["--max_new_tokens=0", out("e1")], "max_new_tokens=0 must be"),
+        ("--weight_store=s3:/x with local rollout", ["--weight_store=s3:/x", out("e2")],
+         "is for Ray workers"),
+        ("--resume --overwrite", ["--resume", "--overwrite", out("e3")], "pass one of them"),
+        ("--mesh=64x64 on CPU", ["--mesh=64x64", out("e4")], "faking more than 512"),
+        ("--out_dir=/proc/self/x", ["--out_dir=/proc/self/x"], "cannot write there"),
+        ("read-only --out_dir (/sys/x)", ["--out_dir=/sys/x"], "cannot write there"),
+        ("read-only --checkpoint_dir", ["--checkpoint_dir=/sys/x", out("e5")],
+         "cannot write there"),
+        ("--max_prompt_len=100000", ["--max_prompt_len=100000", out("e6")], "needs at least"),
+        ("prompts mostly longer than --max_prompt_len",
+         [f"--task=jsonl:{data['long']}", "--max_prompt_len=16", out("e7")],
+         r"row 0 \(\d+ tokens\): '0=9{78}'\.\.\."),
+        ("non-UTF-8 data file", [f"--task=jsonl:{data['latin1']}", out("e8")],
+         re.escape(data["latin1"]) + " line 2"),
+        ("broken HF config.json", [f"--model={hf['broken_config']}", out("e9")],
+         re.escape(hf["broken_config"]) + "/config.json: not valid JSON"),
+        ("truncated safetensors", [f"--model={hf['truncated']}", out("e10")],
+         re.escape(hf["truncated"]) + "/model.safetensors: truncated"),
+        ("Qwen3 weights labelled Mistral", [f"--model={hf['mislabelled']}", out("e11")],
+         r"unexpected tensor.*q_norm"),
+        ("non-empty --export_hf (refused at start)", [f"--export_hf={exp}", out("e12")],
+         "is not empty.*before training"),
+        ("--algo=ppo", ["--algo=ppo", out("e13")], "unknown --algo"),
+        ("--mesh=8x", ["--mesh=8x", out("e14")], "bad mesh string"),
+        ("--steps=0", ["--steps=0", out("e15")], "nothing to train"),
+        ("--group_size=1", ["--group_size=1", out("e16")], "at least 2 samples"),
+        ("--model=/nonexistent", ["--model=/nonexistent", out("e17")], "unknown model"),
+        ("--task=jsonl:/nonexistent", ["--task=jsonl:/nonexistent", out("e18")],
+         "does not exist"),
+        ("--config with a misspelt key", [f"--config={cfg}", out("e19")], "did you mean"),
+        ("--reward=nomod:f", [f"--task=jsonl:{data['sums']}", "--reward=nomod_x:f",
+                              out("e20")], "cannot import module"),
+        ("--resume without --out_dir", ["--resume"], "--resume needs the run"),
+    ]
+
+  def _data(self) -> dict[str, str]:
+    sums = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
+    files = {"sums": sums,
+             "long": [{"prompt": f"{i}=" + "9" * 2000, "answer": "1"} for i in range(3)]
+             + [{"prompt": "1=", "answer": "1"}],
+             "huge": sums[:57] + [{"prompt": "1+" * 500_000 + "1=", "answer": "2"}] + sums[57:]}
+    out = {}
+    for name, rows in files.items():
+      out[name] = self.d(f"{name}.jsonl")
+      with open(out[name], "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    out["latin1"] = self.d("latin1.jsonl")
+    with open(out["latin1"], "wb") as f:
+      f.write(b'{"prompt": "1+1=", "answer": "2"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
+    return out
+
+  def _hf_dirs(self) -> dict[str, str]:
+    code = f"""
+import json, os, shutil, jax
+from jaxrl_sys import models
+from jaxrl_sys.tasks import CharTokenizer
+from jaxrl_sys.train.recipe.presets import MATH_CHARS
+tok = CharTokenizer(MATH_CHARS)
+c = models.ModelConfig(vocab_size=tok.vocab_size, hidden_size=16, num_layers=1, num_heads=2,
+                       num_kv_heads=1, head_dim=8, intermediate_size=32, max_seq_len=64,
+                       qk_norm=True, architecture="Qwen3ForCausalLM", bos_token_id=tok.bos_id,
+                       eos_token_id=tok.eos_id)
+base = {self.tmp!r}
+for name in ("broken_config", "truncated", "mislabelled"):
+  d = os.path.join(base, "hf_" + name)
+  models.save_hf_checkpoint(d, c, models.init_params(c, jax.random.PRNGKey(0)))
+  for f, text in tok.hf_tokenizer_files().items():
+    open(os.path.join(d, f), "w").write(text)
+p = os.path.join(base, "hf_broken_config", "config.json")
+open(p, "w").write(open(p).read()[:-30])
+p = os.path.join(base, "hf_truncated", "model.safetensors")
+data = open(p, "rb").read(); open(p, "wb").write(data[:len(data) // 2])
+p = os.path.join(base, "hf_mislabelled", "config.json")
+cfg = json.load(open(p)); cfg.update(architectures=["MistralForCausalLM"], model_type="mistral")
+json.dump(cfg, open(p, "w"))
+"""
+    r = py(code, timeout=120)
+    if r.rc != 0:
+      raise RuntimeError(f"could not write the HF fixtures: {r.err[-2000:]}")
+    return {n: self.d("hf_" + n) for n in ("broken_config", "truncated", "mislabelled")}
+
+  # ----- runs ---------------------------------------------------------------------------------
+  def baseline(self):
+    out = self.d("base")
+    r = cli(["--steps=2", f"--out_dir={out}"])
+    ok = r.rc == 0 and _rows(out) == [1, 2] and os.path.exists(f"{out}/final_params.npz")
+    return verdict_of(r, ok), f"rc {r.rc}, rows {_rows(out)}"
+
+  def huge_prompt_default(self):
+    out = self.d("huge")
+    r = cli([f"--task=jsonl:{self.d('huge.jsonl')}", "--steps=1", f"--out_dir={out}"])
+    ok = r.rc == 0 and "dropped 1 of 101 prompts" in r.err and len(r.err) < 5000
+    return verdict_of(r, ok), f"rc {r.rc} in {r.seconds:.0f} s, dropped note: " + str(
+        "dropped 1 of 101" in r.err)
+
+  def rewards(self):
+    mod = self.d("bad_reward.py")
+    with open(mod, "w", encoding="utf-8") as f:
+      f.write("def score(prompt, completion, answer, **row):\n"
+              "  k = int(answer) % 5\n"
+              "  return ['1.0', None, [1.0], 1e300, 0.5][k]\n")
+    out = self.d("rewards")
+    r = cli([f"--task=jsonl:{self.d('sums.jsonl')}", f"--reward={mod}:score", "--steps=2",
+             f"--out_dir={out}"])
+    rows = [json.loads(s) for s in open(f"{out}/metrics.jsonl")] if _rows(out) else []
+    counted = sum(x.get("reward_failures", 0) for x in rows)
+    ok = (r.rc == 0 and counted > 0 and "note: reward function failed" in r.err
+          and "RewardValueError" in r.err and "diverged" not in r.err)
+    return verdict_of(r, ok), f"rc {r.rc}, reward_failures counted {counted:.0f}"
+
+  def sigterm(self):
+    out = self.d("term")
+
+    def act(p):
+      _wait(lambda: _ckpts(out), p)
+      p.send_signal(signal.SIGTERM)
+    r = cli(["--steps=400", "--save_every=2", f"--out_dir={out}"], signals=act)
+    ok = r.rc == 0 and "preempted" in r.err and _ckpts(out) and _ckpts(out)[-1] == _rows(out)[-1]
+    return verdict_of(r, ok, lost=not _ckpts(out)), f"rc {r.rc}, checkpoints {_ckpts(out)}"
+
+  def sigint(self):
+    out = self.d("int")
+
+    def act(p):
+      _wait(lambda: _ckpts(out), p)
+      p.send_signal(signal.SIGINT)
+    r = cli(["--steps=400", "--save_every=2", f"--out_dir={out}"], signals=act)
+    lines = [s for s in r.err.splitlines() if s.startswith("interrupted")]
+    ok = (r.rc == 130 and len(lines) == 1 and _ckpts(out)[-1:] == _rows(out)[-1:]
+          and os.path.exists(f"{out}/final_params.npz"))
+    lost = not _ckpts(out) or not os.path.exists(f"{out}/final_params.npz")
+    return verdict_of(r, ok, lost=lost), f"rc {r.rc}, checkpoints {_ckpts(out)}"
+
+  def sigint_twice(self):
+    out = self.d("int")  # continues the run above
+
+    def act(p):
+      start = (_ckpts(out) or [0])[-1]
+      _wait(lambda: (_ckpts(out) or [0])[-1] >= start + 2, p)
+      p.send_signal(signal.SIGINT)
+      time.sleep(0.3)
+      p.send_signal(signal.SIGINT)
+    r = cli(["--steps=400", "--save_every=2", f"--out_dir={out}", "--resume"], signals=act)
+    half = [d for d in os.listdir(f"{out}/checkpoints") if "tmp" in d]
+    ok = r.rc == 130 and not half and not os.path.exists(f"{out}/.lock")
+    detail = f"rc {r.rc} in {r.seconds:.0f} s, half-written {half}"
+    return verdict_of(r, ok, lost=bool(half)), detail
+
+  def overwrite_live_run(self):
+    out = self.d("live")
+    second: list[Result] = []
+
+    def act(p):
+      _wait(lambda: _ckpts(out), p)
+      second.append(cli(["--steps=2", "--overwrite", f"--out_dir={out}"]))
+      p.send_signal(signal.SIGTERM)  # then end the first run
+    r = cli(["--steps=400", "--save_every=2", f"--out_dir={out}"], signals=act)
+    refused = verdict_of(second[0], False, error=r"in use by the running job of pid \d+")
+    rows = _rows(out)
+    intact = bool(rows) and rows == list(range(1, len(rows) + 1)) and _ckpts(out)[-1:] == rows[-1:]
+    ok = r.rc == 0 and intact and refused == "clear error"
+    return verdict_of(r, ok, lost=not intact), f"second run: {refused}; first: {len(rows)} rows"
+
+  def sigkill_resume(self):
+    out = self.d("kill")
+
+    def act(p):
+      _wait(lambda: len(_ckpts(out)) >= 2, p)
+      p.kill()
+    cli(["--steps=400", "--save_every=1", "--mode=async", "--max_staleness=1",
+         f"--out_dir={out}"], signals=act)
+    last = _ckpts(out)[-1]
+    r = cli([f"--steps={last + 3}", "--save_every=1", "--mode=async", "--max_staleness=1",
+             f"--out_dir={out}", "--resume"])
+    ok = r.rc == 0 and _rows(out) == list(range(1, last + 4)) and "reclaimed a stale lock" in r.err
+    return verdict_of(r, ok), f"rc {r.rc}, rows unique: {len(set(_rows(out))) == len(_rows(out))}"
+
+  def resume_cases(self):
+    """(name, verdict, detail) for the resume cases on one finished run."""
+    out = self.d("res")
+    base = ["--steps=4", "--save_every=1", f"--out_dir={out}"]
+    cli(base)
+    got = []
+    r = cli(["--steps=4", "--save_every=1", f"--out_dir={out}", "--resume"])
+    got.append(("--resume at the last step", verdict_of(r, r.rc == 0 and "step 4/4" in r.err),
+                f"rc {r.rc}"))
+    r = cli(["--steps=2", f"--out_dir={out}", "--resume"])
+    got.append(("--resume --steps below the run's step", verdict_of(
+        r, False, error="--steps=2 is below step 4"), f"rc {r.rc}"))
+    r = cli(["--steps=5", "--save_every=1", "--learning_rate=0.002", f"--out_dir={out}",
+             "--resume"])
+    cfg = json.load(open(f"{out}/config.json"))
+    changed = (cfg.get("history") or [{}])[-1].get("changed", {})
+    ok = (r.rc == 0 and any(k.endswith("learning_rate") for k in changed)
+          and "learning_rate 0.001 -> 0.002" in r.err)
+    got.append(("--resume with another --learning_rate", verdict_of(r, ok),
+                f"history records {sorted(changed)}"))
+    newest = f"{out}/checkpoints/{_ckpts(out)[-1]}/meta/metadata"
+    open(newest, "w").write("{torn")
+    r = cli(["--steps=6", "--save_every=1", f"--out_dir={out}", "--resume"])
+    got.append(("corrupt newest checkpoint + --resume", verdict_of(
+        r, r.rc == 0 and "unreadable" in r.err and _rows(out) == list(range(1, 7))),
+        f"rc {r.rc}, rows {_rows(out)}"))
+    for s in _ckpts(out):
+      open(f"{out}/checkpoints/{s}/meta/metadata", "w").write("{torn")
+    r = cli(["--steps=8", f"--out_dir={out}", "--resume"])
+    got.append(("all checkpoints corrupt + --resume", verdict_of(
+        r, False, error="every checkpoint in .* is unreadable"),
+        f"rc {r.rc}, 'Event loop is closed' x{r.err.count('Event loop is closed')}"))
+    return got
+
+  # ----- rollout side (another branch) ------------------------------------------------------------
+  def rollout_cases(self):
+    got = []
+    r = py("from jaxrl_sys.rollout import RolloutManager\n"
+           "print(RolloutManager([]).poll(timeout=5))", timeout=60)
+    got.append(("RolloutManager([]).poll()", verdict_of(r, r.rc == 0), f"rc {r.rc}"))
+    return got
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--only", default="", help="run the cases whose name contains this")
+  ap.add_argument("--rollout", action="store_true", help="add the rollout-side cases")
+  ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+  args = ap.parse_args()
+  tmp = tempfile.mkdtemp(prefix="fault_cases_")
+  cases = Cases(tmp)
+  table: list[tuple[str, str, str]] = []
+
+  def record(name, verdict, detail):
+    table.append((name, verdict, detail))
+    print(f"{verdict:13s} {name}: {detail}", file=sys.stderr, flush=True)
+
+  try:
+    for name, flags, error in cases.error_cases():
+      if args.only in name:
+        r = cli(flags, timeout=120)
+        first = next((s for s in r.err.splitlines() if s.startswith("error:")), "")
+        record(name, verdict_of(r, False, error=error), f"rc {r.rc}: {first[:110]}")
+    runs = [("baseline G", cases.baseline), ("1 MB prompt, default --max_prompt_len",
+                                              cases.huge_prompt_default),
+            ("rewards: '1.0', None, list, 1e300", cases.rewards), ("SIGTERM", cases.sigterm),
+            ("SIGINT", cases.sigint), ("second SIGINT", cases.sigint_twice),
+            ("--overwrite on a live run", cases.overwrite_live_run),
+            ("SIGKILL + --resume", cases.sigkill_resume)]
+    for name, fn in runs:
+      if args.only in name:
+        record(name, *fn())
+    if args.only in "resume":
+      for row in cases.resume_cases():
+        record(*row)
+    if args.rollout:
+      for row in cases.rollout_cases():
+        record(*row)
+  finally:
+    if not args.keep:
+      shutil.rmtree(tmp, ignore_errors=True)
+  width = max(len(n) for n, _, _ in table)
+  print(f"\n{'case':{width}s}  verdict        detail")
+  for name, verdict, detail in table:
+    print(f"{name:{width}s}  {verdict:13s}  {detail}")
+  counts: dict[str, int] = {}
+  for _, verdict, _ in table:
+    counts[verdict] = counts.get(verdict, 0) + 1
+  print("\n" + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f" ({len(table)} cases)")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
