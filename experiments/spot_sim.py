@@ -22,7 +22,7 @@ import time
 
 from absl import app, flags
 
-from jaxrl_sys.rollout.traces import load_trace
+from jaxrl_sys.rollout.elastic.traces import load_trace
 from jaxrl_sys.sim import calibrate, experiment, report
 from jaxrl_sys.sim.driver import SimConfig, Workload
 from jaxrl_sys.sim.lengths import LengthDistribution

@@ -22,7 +22,7 @@ real rollout manager on a virtual clock is built on top of them. Every figure's 
 - `calibrate`: `fit_decode_curve`, `calibrate_from_measurement(...)`,
   `calibrate_from_benchmarks(generate, grpo_step, rollout_engine)` (our benchmarks' JSON).
 
-Spot traces (parsing, segments, sampling, replay) are in `jaxrl_sys.rollout.traces`.
+Spot traces (parsing, segments, sampling, replay) are in `jaxrl_sys.rollout.elastic.traces`.
 """
 from jaxrl_sys.sim.calibrate import (calibrate_from_benchmarks, calibrate_from_measurement,
                                      dense_config_sizes, fit_decode_curve)

@@ -28,12 +28,12 @@ import dataclasses
 import numpy as np
 
 from jaxrl_sys.rollout.clock import ManualClock
-from jaxrl_sys.rollout.fleet import Fleet
-from jaxrl_sys.rollout.manager import RolloutManager
-from jaxrl_sys.rollout.manager_state import ManagerConfig
-from jaxrl_sys.rollout.offload import OffloadConfig, OffloadDriver
-from jaxrl_sys.rollout.schedules import TracePlayer
-from jaxrl_sys.rollout.traces import Trace
+from jaxrl_sys.rollout.elastic.fleet import Fleet
+from jaxrl_sys.rollout.manager.exchange import RolloutManager
+from jaxrl_sys.rollout.manager.state import ManagerConfig
+from jaxrl_sys.rollout.elastic.offload import OffloadConfig, OffloadDriver
+from jaxrl_sys.rollout.elastic.schedules import TracePlayer
+from jaxrl_sys.rollout.elastic.traces import Trace
 from jaxrl_sys.rollout.types import Request
 from jaxrl_sys.sim.cluster import SimCluster
 from jaxrl_sys.sim.engine import EngineModel

@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxrl_sys.rollout.types import FinishReason, Request, TokenChunk
-from jaxrl_sys.rollout.worker import Commands, WorkerLost, WorkerReport
+from jaxrl_sys.rollout.workers.server import Commands, WorkerLost, WorkerReport
 from jaxrl_sys.sim.engine import Seq, SimEngine
 
 _ZI = np.zeros(1 << 15, np.int32)

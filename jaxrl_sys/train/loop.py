@@ -40,7 +40,7 @@ import numpy as np
 
 from jaxrl_sys.models import ModelConfig
 from jaxrl_sys.rollout.clock import WALL, Clock
-from jaxrl_sys.rollout.offload import OffloadConfig, OffloadDriver, OffloadState
+from jaxrl_sys.rollout.elastic.offload import OffloadConfig, OffloadDriver, OffloadState
 from jaxrl_sys.rollout.types import RolloutClient
 from jaxrl_sys.rollout.wire import request_to_json
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules

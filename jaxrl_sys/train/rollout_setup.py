@@ -12,17 +12,17 @@ import jax
 
 from jaxrl_sys.models import ModelConfig, SamplingConfig
 from jaxrl_sys.rollout.clock import WALL, Clock
-from jaxrl_sys.rollout.config import EngineConfig
-from jaxrl_sys.rollout.fleet import Fleet
-from jaxrl_sys.rollout.manager import RolloutManager
-from jaxrl_sys.rollout.manager_state import ManagerConfig
-from jaxrl_sys.rollout.offload import OffloadConfig
-from jaxrl_sys.rollout.schedules import ChaosSchedule, TracePlayer
-from jaxrl_sys.rollout.thread_worker import ThreadWorker
-from jaxrl_sys.rollout.traces import load_trace
+from jaxrl_sys.rollout.engine.config import EngineConfig
+from jaxrl_sys.rollout.elastic.fleet import Fleet
+from jaxrl_sys.rollout.manager.exchange import RolloutManager
+from jaxrl_sys.rollout.manager.state import ManagerConfig
+from jaxrl_sys.rollout.elastic.offload import OffloadConfig
+from jaxrl_sys.rollout.elastic.schedules import ChaosSchedule, TracePlayer
+from jaxrl_sys.rollout.workers.thread import ThreadWorker
+from jaxrl_sys.rollout.elastic.traces import load_trace
 from jaxrl_sys.rollout.types import RolloutClient
-from jaxrl_sys.rollout.weights import make_weight_store
-from jaxrl_sys.rollout.worker import InProcessWorker
+from jaxrl_sys.rollout.weights.base import make_weight_store
+from jaxrl_sys.rollout.workers.server import InProcessWorker
 from jaxrl_sys.train.config import LoopConfig
 
 ROLLOUTS = ("local", "ray")
@@ -118,7 +118,7 @@ class RolloutSetup:
 def check_ray_resources(setup: RolloutSetup) -> None:
   """Raises a clear error when one worker asks for more than the whole Ray cluster has (it
   would wait for resources forever)."""
-  from jaxrl_sys.rollout.ray_worker import import_ray  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.workers.ray import import_ray  # pylint: disable=import-outside-toplevel
   have = import_ray().cluster_resources()
   for key, want, flag in (("CPU", setup.worker_cpus, "--worker_cpus"),
                           ("GPU", setup.worker_gpus, "--worker_gpus")):
@@ -135,7 +135,7 @@ def ray_client(setup: RolloutSetup, model_config: ModelConfig, engine_config: En
   """A `RolloutManager` with no weights yet whose `Fleet` runs `setup.num_workers` Ray
   workers (following the trace or the chaos schedule); the loop publishes the weights."""
   # pylint: disable-next=import-outside-toplevel
-  from jaxrl_sys.rollout.ray_worker import RayWorker, init_ray
+  from jaxrl_sys.rollout.workers.ray import RayWorker, init_ray
   init_ray(setup.ray_address)
   check_ray_resources(setup)
   store = make_weight_store(setup.weight_store or "ray")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from jaxrl_sys.rollout.traces import load_bamboo
+from jaxrl_sys.rollout.elastic.traces import load_bamboo
 from jaxrl_sys.sim import experiment, report
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

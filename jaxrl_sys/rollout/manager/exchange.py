@@ -1,0 +1,166 @@
+"""The rollout manager: every request's token-level state, routed over workers that come and go.
+
+`RolloutManager` implements `RolloutClient` towards the trainer's loop and is a deterministic,
+event-driven state machine towards its workers. It holds each unfinished request (prompt,
+tokens so far, their logprobs and per-token weight versions) as the single source of truth and
+reacts to events:
+
+- `submit(requests)`: queue them;
+- `on_report(report)`: a worker's chunks extend their requests (only from the request's owner and
+  only at `TokenChunk.start == tokens so far`: late or duplicated chunks are ignored), finished
+  requests become completions, abort acknowledgements re-queue requests;
+- `add_worker(worker)` / `on_lost(worker_id)`: a joining worker is told to pull the newest
+  weights; a lost one's requests are re-queued at the front as prompt + tokens so far with the
+  remaining budget (token-level migration: one prefill elsewhere, no decode work lost, and the
+  same per-request randomness, so the final response equals the undisturbed one);
+- `publish_weights(params, version)`: the version goes to the weight store; workers pull it;
+- `tick()`: heartbeats, weight pulls, dispatch (`balance.select_worker`), continuous load
+  balancing (`balance.pending_moves` / `running_moves`), tick hooks (trace players, autoscalers).
+
+Time comes only from the injected `Clock`; workers only through the `Worker` interface. `poll()`
+drives exchanges until enough completions exist, which is all the I/O there is, so the same code
+runs over an in-process engine, Ray actors, or the simulator's virtual workers.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Iterable
+
+from jaxrl_sys.rollout.manager.core import ManagerCore
+from jaxrl_sys.rollout.types import Completion, Request
+from jaxrl_sys.rollout.workers.server import WorkerLost
+
+
+class RolloutManager(ManagerCore):
+  """Routes requests over workers; implements `rollout.types.RolloutClient`.
+
+  Args:
+    workers: initial workers (more join with `add_worker`).
+    store: the weight store versions are published to (default: in memory, zero copy).
+    config: `ManagerConfig`.
+    clock: time source (wall clock by default; a `ManualClock` in tests and the simulator).
+  """
+
+  def poll(self, min_count: int = 0, timeout: float | None = None) -> list[Completion]:
+    """Completions finished since the last call, driving the workers as needed.
+
+    Runs exchange rounds until at least `max(min_count, 1)` completions exist, nothing is left
+    in flight, or `timeout` seconds (of the manager's clock) pass; `timeout=0` returns only what
+    is already finished.
+
+    Raises:
+      RequestFailedError: a request outlived `config.max_attempts` worker losses, or a worker
+        rejected it (e.g. longer than its context).
+    """
+    want = max(min_count, 1)
+    if timeout is None or timeout > 0:
+      deadline = None if timeout is None else self.clock.now() + timeout
+      while len(self._done) < want and self._open:
+        progressed = self.round()
+        self._raise_failures()
+        if len(self._done) >= want or not self._open:
+          break
+        now = self.clock.now()
+        if deadline is not None and now >= deadline:
+          break
+        if not progressed:
+          left = self.config.poll_interval if deadline is None else min(
+              self.config.poll_interval, deadline - now)
+          self._wait(max(left, 0.0))
+    self._raise_failures()
+    out, self._done = self._done, []
+    for c in out:
+      self.requests.pop(c.request_id, None)
+    return out
+
+  def abort(self, request_ids: Iterable[int] | None = None) -> list[Request]:
+    """Stops requests (all unfinished when None) and returns their exact partial state.
+
+    Requests on workers are aborted there first and their acknowledgements awaited (a lost
+    worker counts as acknowledged), so every token generated before the abort is kept. Already
+    finished completions stay available to `poll()`; unknown ids are ignored.
+    """
+    want = [rid for rid, st in self.requests.items() if not st.done] if request_ids is None else [
+        int(r) for r in request_ids if int(r) in self.requests and not self.requests[int(r)].done]
+    out: list[Request] = []
+    queued = set(self.queue)
+    for rid in want:
+      st = self.requests[rid]
+      if rid in queued:
+        out.append(self._drop(rid))
+      else:
+        st.aborting = True
+        self._abort_on_owner(st)
+    deadline = self.clock.now() + self.config.heartbeat_timeout + self.config.startup_timeout
+    while any(self.requests[r].owner is not None for r in want
+              if r in self.requests and self.requests[r].aborting):
+      if self.round():
+        continue
+      if self.clock.now() > deadline:
+        owners = sorted({str(self.requests[r].owner) for r in want if r in self.requests})
+        raise RuntimeError(f"abort: no acknowledgement from workers {owners}")
+      self._wait(self.config.poll_interval)
+    for rid in want:
+      st = self.requests.get(rid)
+      if st is not None and st.aborting and not st.done:
+        if rid in self.queue:
+          self.queue.remove(rid)
+        out.append(self._drop(rid))
+    self.stats.aborted += len(out)
+    return sorted(out, key=lambda r: r.request_id)
+
+  def num_pending(self) -> int:
+    """Requests submitted and not yet returned by `poll()` or `abort()`."""
+    return len(self.requests)
+
+  def close(self) -> None:
+    """Ends every worker and closes the weight store (waiting for pending writes)."""
+    for ws in list(self.workers.values()):
+      ws.worker.kill()
+    self.workers.clear()
+    self.store.close()
+
+  def round(self) -> bool:
+    """One exchange round: send each idle worker its queued commands, take ready reports, then
+    tick. Returns True when something happened (a report with news, a loss)."""
+    progressed = False
+    for ws in list(self.workers.values()):
+      if not ws.outstanding and (ws.should_exchange() or not ws.worker.synchronous):
+        ws.worker.send(ws.take_commands())
+        ws.outstanding, ws.sent_at = True, self.clock.now()
+    # Every exchange is sent before any is received: in-process workers on threads of their own
+    # (`ThreadWorker`) compute side by side, and their reports are still taken in worker order.
+    for ws in list(self.workers.values()):
+      if not ws.outstanding or self.workers.get(ws.worker.worker_id) is not ws:
+        continue
+      try:
+        rep = ws.worker.receive()
+      except WorkerLost as e:
+        self.on_lost(ws.worker.worker_id, str(e))
+        progressed = True
+        continue
+      if rep is not None:
+        ws.outstanding = False
+        progressed |= self.on_report(rep)
+    progressed |= self.tick()
+    return progressed
+
+  def _wait(self, seconds: float) -> None:
+    outstanding = [ws.worker for ws in self.workers.values() if ws.outstanding]
+    if not outstanding:
+      # A synchronous worker with an exchange due (a pull or requests this round's tick queued
+      # after the workers' turn) is served by the next round at once: waiting would only
+      # delay it (the trainer's in-process rollout paid poll_interval on every step).
+      if not any(ws.worker.synchronous and ws.should_exchange() for ws in self.workers.values()):
+        self.clock.sleep(seconds)
+      return
+    by_cls: dict[type, list] = collections.defaultdict(list)
+    for w in outstanding:
+      by_cls[type(w)].append(w)
+    for cls, ws in by_cls.items():
+      cls.wait_any(ws, seconds / len(by_cls), self.clock)
+
+  def _raise_failures(self) -> None:
+    if self._failed:
+      err, self._failed = self._failed[0], []
+      raise err
