@@ -3,8 +3,9 @@
 `simulate(config, trace)` runs synchronous on-policy GRPO steps the way `train.loop` does, with
 every rollout decision taken by the real code: `rollout.manager.RolloutManager` (routing with
 version gating, token-level migration, continuous load balancing, weight pulls),
-`rollout.offload.OffloadDriver` (the T_seed / N_prem controller) and `rollout.fleet.Fleet`
-(trace-driven starts and preemptions within N_prem), over `sim.worker.SimWorker`s.
+`rollout.elastic.offload.OffloadDriver` (the T_seed / N_prem controller) and
+`rollout.elastic.fleet.Fleet` (trace-driven starts and preemptions within N_prem), over
+`sim.worker.SimWorker`s.
 
 One step (version v):
 1. submit B x G requests (`min_version = v`; each carries its drawn length in `meta`);
@@ -30,7 +31,7 @@ import numpy as np
 from jaxrl_sys.rollout.clock import ManualClock
 from jaxrl_sys.rollout.elastic.fleet import Fleet
 from jaxrl_sys.rollout.manager.exchange import RolloutManager
-from jaxrl_sys.rollout.manager.state import ManagerConfig
+from jaxrl_sys.rollout.manager.config import ManagerConfig
 from jaxrl_sys.rollout.elastic.offload import OffloadConfig, OffloadDriver
 from jaxrl_sys.rollout.elastic.schedules import TracePlayer
 from jaxrl_sys.rollout.elastic.traces import Trace

@@ -102,7 +102,7 @@ class RLLoop:
     warmup_engine: compile every prefill / decode variant of the default in-process engine
       before the first step (no compilation stalls mid-run; slower start).
     clock: the time source of the loop's timings and stall detection (`rollout.clock`).
-    offload: adaptive rollout offload (`rollout.offload.OffloadConfig`): with a manager that
+    offload: adaptive rollout offload (`rollout.elastic.offload.OffloadConfig`): with a manager that
       has local and remote workers, the local ones generate for T_seed at the start of each
       step, then hand their requests to the remote ones; None = off.
     step_hooks: callables `hook(step, state, row)` run after each step, before its metrics

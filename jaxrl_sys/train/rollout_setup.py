@@ -15,13 +15,13 @@ from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.engine.config import EngineConfig
 from jaxrl_sys.rollout.elastic.fleet import Fleet
 from jaxrl_sys.rollout.manager.exchange import RolloutManager
-from jaxrl_sys.rollout.manager.state import ManagerConfig
+from jaxrl_sys.rollout.manager.config import ManagerConfig
 from jaxrl_sys.rollout.elastic.offload import OffloadConfig
 from jaxrl_sys.rollout.elastic.schedules import ChaosSchedule, TracePlayer
 from jaxrl_sys.rollout.workers.thread import ThreadWorker
 from jaxrl_sys.rollout.elastic.traces import load_trace
 from jaxrl_sys.rollout.types import RolloutClient
-from jaxrl_sys.rollout.weights.base import make_weight_store
+from jaxrl_sys.rollout.weights.factory import make_weight_store
 from jaxrl_sys.rollout.workers.server import InProcessWorker
 from jaxrl_sys.train.config import LoopConfig
 
@@ -189,7 +189,7 @@ def local_worker_count(loop: LoopConfig, num_slots: int) -> int:
   """Engines of the embedded rollout: `loop.local_workers`, or (0 = auto) two on a CPU host
   with at least two cores when each keeps at least `MIN_SLOTS_PER_LOCAL_WORKER` slots (one
   engine's small decode ops leave a core idle a third of the time there; see
-  `rollout.thread_worker`), else one (an accelerator runs one engine's batch best)."""
+  `rollout.workers.thread`), else one (an accelerator runs one engine's batch best)."""
   if loop.local_workers:
     return min(loop.local_workers, num_slots)
   if (jax.default_backend() == "cpu" and (os.cpu_count() or 1) >= 2

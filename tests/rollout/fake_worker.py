@@ -49,7 +49,7 @@ def make_requests(n: int, *, seed: int = 0, max_new: int = 12, min_version: int 
 
 
 class FakeWorker:
-  """Implements `rollout.worker.Worker` on a manual clock.
+  """Implements `rollout.workers.Worker` on a manual clock.
 
   Each exchange is ready `latency` seconds after `send`; it applies aborts (acknowledged),
   weight loads (ready `load_delay` seconds after the command) and submits, then gives each of

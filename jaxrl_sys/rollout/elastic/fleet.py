@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Callable
 
 from jaxrl_sys.rollout.elastic.traces import ADD, REMOVE
-from jaxrl_sys.rollout.workers.server import Worker
+from jaxrl_sys.rollout.workers.protocol import Worker
 
 
 def _preempt(worker: Worker) -> None:

@@ -2,7 +2,7 @@
 
 `TracePlayer(trace, time_scale).due(now)` and `ChaosSchedule(kill_every, seed, restart_after,
 slots).due(now)` return the `TraceEvent`s whose time has come since the previous call; a host
-loop (`rollout.fleet.Fleet`) kills and starts workers accordingly, the simulator feeds them
+loop (`rollout.elastic.fleet.Fleet`) kills and starts workers accordingly, the simulator feeds them
 virtual time.
 """
 from __future__ import annotations

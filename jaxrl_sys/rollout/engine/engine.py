@@ -1,6 +1,6 @@
 """Continuous-batching generation engine for RL rollout (host-side bookkeeping).
 
-The device side is three pure jitted functions in `rollout.slots` (prefill, prefix copy,
+The device side is three pure jitted functions in `rollout.engine.slots` (prefill, prefix copy,
 chunked decode) over a fixed slot cache; this class only decides what goes where. Each
 `step()`:
 
@@ -27,7 +27,7 @@ Design choices:
 - Weight swap (`set_weights`) takes effect at the next decode step. By default the KV of
   in-flight requests is kept (computed with the older weights); every token sampled afterwards
   comes from the new weights' logits and carries the new version (the pending-token design of
-  `rollout.slots` makes that exact). Prefixes cached under the old weights are not shared with
+  `rollout.engine.slots` makes that exact). Prefixes cached under the old weights are not shared with
   new admissions. With `EngineConfig.recompute_kv_on_swap`, running requests are re-queued at
   the front and re-prefilled with the new weights instead.
 """

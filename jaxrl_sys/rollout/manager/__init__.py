@@ -1,7 +1,8 @@
-"""The rollout manager: `RolloutManager` (the exchange loop, `exchange`) holding the state
-machine (`core`), its records and configuration (`state`), and routing / balancing rules
-(`balance`)."""
+"""The rollout manager (numpy only): `RolloutManager` (the exchange loop, `exchange`) holding
+the state machine (`core.ManagerCore`), its records (`state`), its settings (`config`) and the
+routing / balancing rules (`balance`)."""
+from jaxrl_sys.rollout.manager.config import ManagerConfig, RequestFailedError
 from jaxrl_sys.rollout.manager.exchange import RolloutManager
-from jaxrl_sys.rollout.manager.state import ManagerConfig, ManagerStats, RequestFailedError
+from jaxrl_sys.rollout.manager.state import ManagerStats
 
 __all__ = ["ManagerConfig", "ManagerStats", "RequestFailedError", "RolloutManager"]

@@ -1,5 +1,6 @@
 """The rollout manager's state machine: request token state, workers, routing, migration,
-balancing (no I/O: `manager.RolloutManager` adds the exchange loop that drives it).
+balancing (no I/O: `manager.exchange.RolloutManager` holds one and drives it with the exchange
+loop).
 
 Events: `submit`, `on_report` (chunks, pulls, rejections of one worker exchange), `add_worker`,
 `on_lost`, `publish_weights`, `tick` (hooks, heartbeats, weight pulls, dispatch, balancing).
@@ -14,17 +15,18 @@ from typing import Any, Callable, Iterable, Sequence
 
 from jaxrl_sys.rollout.manager import balance
 from jaxrl_sys.rollout.clock import WALL, Clock
-from jaxrl_sys.rollout.manager.state import (ManagerConfig, ManagerStats, ReqState,
-                                             RequestFailedError, WorkerState)
+from jaxrl_sys.rollout.manager.config import ManagerConfig, RequestFailedError
+from jaxrl_sys.rollout.manager.state import ManagerStats, ReqState, WorkerState
 from jaxrl_sys.rollout.types import Completion, FinishReason, Request, TokenChunk
-from jaxrl_sys.rollout.weights.base import MemoryWeightStore, WeightStore
-from jaxrl_sys.rollout.workers.server import Worker, WorkerReport
+from jaxrl_sys.rollout.weights.base import WeightStore
+from jaxrl_sys.rollout.weights.memory import MemoryWeightStore
+from jaxrl_sys.rollout.workers.protocol import Worker, WorkerReport
 
-TickHook = Callable[["ManagerCore", float], None]
+TickHook = Callable[["ManagerCore", float], None]  # hook(state machine, now)
 
 
 class ManagerCore:
-  """The event-driven state machine of `RolloutManager` (see the module docstring)."""
+  """The event-driven state machine a `RolloutManager` holds (see the module docstring)."""
 
   def __init__(self, workers: Sequence[Worker] = (), store: WeightStore | None = None,
                config: ManagerConfig = ManagerConfig(), clock: Clock = WALL):
@@ -132,6 +134,28 @@ class ManagerCore:
         prov = self._provenance.get(rid, [])
         self._provenance[rid] = [(w, a, min(b, n)) for w, a, b in prov if a < n]
 
+  @property
+  def num_open(self) -> int:
+    """Requests submitted and not finished (completions waiting for `poll` excluded)."""
+    return self._open
+
+  def num_done(self) -> int:
+    """Completions waiting to be taken."""
+    return len(self._done)
+
+  def take_completions(self) -> list[Completion]:
+    """The completions finished since the last call; their requests are forgotten."""
+    out, self._done = self._done, []
+    for c in out:
+      self.requests.pop(c.request_id, None)
+    return out
+
+  def raise_failures(self) -> None:
+    """Raises the first `RequestFailedError` recorded since the last call, if any."""
+    if self._failed:
+      err, self._failed = self._failed[0], []
+      raise err
+
   def remove_worker(self, worker_id: str, reason: str = "removed") -> None:
     """Kills a worker now (e.g. a preemption from a trace): same as a loss."""
     self.on_lost(worker_id, reason)
@@ -157,7 +181,7 @@ class ManagerCore:
       st.moving, st.target = True, target
       if target is not None:
         self._moves[rid] = (worker_id, target)
-      self._abort_on_owner(st)
+      self.abort_on_owner(st)
       n += 1
     return n
 
@@ -319,7 +343,8 @@ class ManagerCore:
     self._done.append(Completion(st.request, finish))
     self.stats.completed += 1
 
-  def _drop(self, rid: int) -> Request:
+  def drop(self, rid: int) -> Request:
+    """Forgets request `rid` (returned by abort) and returns its token state."""
     st = self.requests.pop(rid)
     if not st.done:
       self._open -= 1
@@ -327,7 +352,7 @@ class ManagerCore:
       self.queue.remove(rid)
     return st.request
 
-  def _abort_on_owner(self, st: ReqState) -> None:
+  def abort_on_owner(self, st: ReqState) -> None:
     """Asks the owner to stop `st`; a submit still unsent is simply withdrawn."""
     rid = st.request.request_id
     ws = self.workers.get(st.owner) if st.owner is not None else None

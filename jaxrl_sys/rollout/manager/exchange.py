@@ -17,21 +17,45 @@ reacts to events:
 - `tick()`: heartbeats, weight pulls, dispatch (`balance.select_worker`), continuous load
   balancing (`balance.pending_moves` / `running_moves`), tick hooks (trace players, autoscalers).
 
-Time comes only from the injected `Clock`; workers only through the `Worker` interface. `poll()`
-drives exchanges until enough completions exist, which is all the I/O there is, so the same code
-runs over an in-process engine, Ray actors, or the simulator's virtual workers.
+Two classes, one holding the other: `core.ManagerCore` is the state machine (the events above,
+no I/O); `RolloutManager` holds one as `core` and adds the exchange loop (`round`, `poll`,
+`abort`), forwarding the state machine's events and views. Time comes only from the injected
+`Clock`; workers only through the `Worker` interface. `poll()` drives exchanges until enough
+completions exist, which is all the I/O there is, so the same code runs over an in-process
+engine, Ray actors, or the simulator's virtual workers.
 """
 from __future__ import annotations
 
 import collections
-from typing import Iterable
+import functools
+from typing import Iterable, Sequence
 
+from jaxrl_sys.rollout.clock import WALL, Clock
+from jaxrl_sys.rollout.manager.config import ManagerConfig
 from jaxrl_sys.rollout.manager.core import ManagerCore
 from jaxrl_sys.rollout.types import Completion, Request
-from jaxrl_sys.rollout.workers.server import WorkerLost
+from jaxrl_sys.rollout.weights.base import WeightStore
+from jaxrl_sys.rollout.workers.protocol import Worker, WorkerLost
 
 
-class RolloutManager(ManagerCore):
+def _method(name: str):
+  """A method of `RolloutManager` that calls the state machine's method `name`."""
+  real = getattr(ManagerCore, name)
+
+  @functools.wraps(real)
+  def call(self, *args, **kwargs):
+    return getattr(self.core, name)(*args, **kwargs)
+
+  return call
+
+
+def _field(name: str, doc: str):
+  """An attribute of `RolloutManager` that reads (and writes) the state machine's `name`."""
+  return property(lambda self: getattr(self.core, name),
+                  lambda self, value: setattr(self.core, name, value), doc=doc)
+
+
+class RolloutManager:
   """Routes requests over workers; implements `rollout.types.RolloutClient`.
 
   Args:
@@ -41,6 +65,42 @@ class RolloutManager(ManagerCore):
     clock: time source (wall clock by default; a `ManualClock` in tests and the simulator).
   """
 
+  def __init__(self, workers: Sequence[Worker] = (), store: WeightStore | None = None,
+               config: ManagerConfig = ManagerConfig(), clock: Clock = WALL):
+    self.core = ManagerCore(workers, store, config, clock)
+
+  # ----- the state machine's events and views ---------------------------------------------------
+  submit = _method("submit")
+  publish_weights = _method("publish_weights")
+  add_worker = _method("add_worker")
+  on_lost = _method("on_lost")
+  remove_worker = _method("remove_worker")
+  retire_worker = _method("retire_worker")
+  evacuate = _method("evacuate")
+  set_accepting = _method("set_accepting")
+  add_tick_hook = _method("add_tick_hook")
+  on_report = _method("on_report")
+  tick = _method("tick")
+  loads = _method("loads")
+  metrics = _method("metrics")
+  remote_worker_seconds = _method("remote_worker_seconds")
+  worker_times = _method("worker_times")
+  describe = _method("describe")
+  snapshot = _method("snapshot")
+  provenance = _method("provenance")
+  config = _field("config", "`ManagerConfig`.")
+  clock = _field("clock", "The time source.")
+  store = _field("store", "The weight store.")
+  workers = _field("workers", "worker id -> `state.WorkerState` of every live worker.")
+  requests = _field("requests", "request id -> `state.ReqState` of every request not returned.")
+  queue = _field("queue", "Ids of requests waiting for dispatch, in order.")
+  latest = _field("latest", "The newest published weight version (-1: none).")
+  stats = _field("stats", "`state.ManagerStats`, cumulative counters.")
+  events = _field("events", "`(time, kind, worker, detail)` log of joins, losses, pulls, moves.")
+  worker_cap = _field("worker_cap", "Remote workers wanted (the offload controller's N_prem).")
+  busy_of_gone = _field("busy_of_gone", "Busy times of lost or retired workers.")
+
+  # ----- the exchange loop ------------------------------------------------------------------------
   def poll(self, min_count: int = 0, timeout: float | None = None) -> list[Completion]:
     """Completions finished since the last call, driving the workers as needed.
 
@@ -52,13 +112,14 @@ class RolloutManager(ManagerCore):
       RequestFailedError: a request outlived `config.max_attempts` worker losses, or a worker
         rejected it (e.g. longer than its context).
     """
+    core = self.core
     want = max(min_count, 1)
     if timeout is None or timeout > 0:
       deadline = None if timeout is None else self.clock.now() + timeout
-      while len(self._done) < want and self._open:
+      while core.num_done() < want and core.num_open:
         progressed = self.round()
-        self._raise_failures()
-        if len(self._done) >= want or not self._open:
+        core.raise_failures()
+        if core.num_done() >= want or not core.num_open:
           break
         now = self.clock.now()
         if deadline is not None and now >= deadline:
@@ -67,11 +128,8 @@ class RolloutManager(ManagerCore):
           left = self.config.poll_interval if deadline is None else min(
               self.config.poll_interval, deadline - now)
           self._wait(max(left, 0.0))
-    self._raise_failures()
-    out, self._done = self._done, []
-    for c in out:
-      self.requests.pop(c.request_id, None)
-    return out
+    core.raise_failures()
+    return core.take_completions()
 
   def abort(self, request_ids: Iterable[int] | None = None) -> list[Request]:
     """Stops requests (all unfinished when None) and returns their exact partial state.
@@ -80,32 +138,33 @@ class RolloutManager(ManagerCore):
     worker counts as acknowledged), so every token generated before the abort is kept. Already
     finished completions stay available to `poll()`; unknown ids are ignored.
     """
-    want = [rid for rid, st in self.requests.items() if not st.done] if request_ids is None else [
-        int(r) for r in request_ids if int(r) in self.requests and not self.requests[int(r)].done]
+    core, requests = self.core, self.requests
+    want = [rid for rid, st in requests.items() if not st.done] if request_ids is None else [
+        int(r) for r in request_ids if int(r) in requests and not requests[int(r)].done]
     out: list[Request] = []
-    queued = set(self.queue)
+    queued = set(core.queue)
     for rid in want:
-      st = self.requests[rid]
+      st = requests[rid]
       if rid in queued:
-        out.append(self._drop(rid))
+        out.append(core.drop(rid))
       else:
         st.aborting = True
-        self._abort_on_owner(st)
+        core.abort_on_owner(st)
     deadline = self.clock.now() + self.config.heartbeat_timeout + self.config.startup_timeout
-    while any(self.requests[r].owner is not None for r in want
-              if r in self.requests and self.requests[r].aborting):
+    while any(requests[r].owner is not None for r in want
+              if r in requests and requests[r].aborting):
       if self.round():
         continue
       if self.clock.now() > deadline:
-        owners = sorted({str(self.requests[r].owner) for r in want if r in self.requests})
+        owners = sorted({str(requests[r].owner) for r in want if r in requests})
         raise RuntimeError(f"abort: no acknowledgement from workers {owners}")
       self._wait(self.config.poll_interval)
     for rid in want:
-      st = self.requests.get(rid)
+      st = requests.get(rid)
       if st is not None and st.aborting and not st.done:
-        if rid in self.queue:
-          self.queue.remove(rid)
-        out.append(self._drop(rid))
+        if rid in core.queue:
+          core.queue.remove(rid)
+        out.append(core.drop(rid))
     self.stats.aborted += len(out)
     return sorted(out, key=lambda r: r.request_id)
 
@@ -123,26 +182,27 @@ class RolloutManager(ManagerCore):
   def round(self) -> bool:
     """One exchange round: send each idle worker its queued commands, take ready reports, then
     tick. Returns True when something happened (a report with news, a loss)."""
+    core, workers = self.core, self.workers
     progressed = False
-    for ws in list(self.workers.values()):
+    for ws in list(workers.values()):
       if not ws.outstanding and (ws.should_exchange() or not ws.worker.synchronous):
         ws.worker.send(ws.take_commands())
         ws.outstanding, ws.sent_at = True, self.clock.now()
     # Every exchange is sent before any is received: in-process workers on threads of their own
     # (`ThreadWorker`) compute side by side, and their reports are still taken in worker order.
-    for ws in list(self.workers.values()):
-      if not ws.outstanding or self.workers.get(ws.worker.worker_id) is not ws:
+    for ws in list(workers.values()):
+      if not ws.outstanding or workers.get(ws.worker.worker_id) is not ws:
         continue
       try:
         rep = ws.worker.receive()
       except WorkerLost as e:
-        self.on_lost(ws.worker.worker_id, str(e))
+        core.on_lost(ws.worker.worker_id, str(e))
         progressed = True
         continue
       if rep is not None:
         ws.outstanding = False
-        progressed |= self.on_report(rep)
-    progressed |= self.tick()
+        progressed |= core.on_report(rep)
+    progressed |= core.tick()
     return progressed
 
   def _wait(self, seconds: float) -> None:
@@ -159,8 +219,3 @@ class RolloutManager(ManagerCore):
       by_cls[type(w)].append(w)
     for cls, ws in by_cls.items():
       cls.wait_any(ws, seconds / len(by_cls), self.clock)
-
-  def _raise_failures(self) -> None:
-    if self._failed:
-      err, self._failed = self._failed[0], []
-      raise err

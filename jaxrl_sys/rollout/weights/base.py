@@ -9,15 +9,15 @@ Two roles:
 - the worker side, a `WeightRef`: small plain data that crosses processes inside
   `worker.Commands.load`; `ref.fetch()` pulls `(params, moe_state)` and verifies them.
 
-Backends (see `make_weight_store`):
-- `MemoryWeightStore`: the embedded default; the trainer's device arrays themselves (zero
-  copy), so only workers in the trainer's process can use it.
-- `rollout.ts_weights.TensorstoreWeightStore`: files under a directory or any tensorstore
+Backends (looked up by name in `weights.factory.make_weight_store`):
+- `weights.memory.MemoryWeightStore`: the embedded default; the trainer's device arrays
+  themselves (zero copy), so only workers in the trainer's process can use it.
+- `weights.tensorstore.TensorstoreWeightStore`: files under a directory or any tensorstore
   kvstore URL (`file://`, `gs://`, `memory://`), for workers on other machines; a worker that
-  starts on its own finds the newest version with `ts_weights.open_latest(path)`.
-- `rollout.ray_weights.RayWeightStore`: the Ray object store (objects die with the trainer).
+  starts on its own finds the newest version with `tensorstore.open_latest(path)`.
+- `weights.ray.RayWeightStore`: the Ray object store (objects die with the trainer).
 
-Integrity: every array carries one zlib crc32 per `weights_io.CHUNK_BYTES` slice, computed once
+Integrity: every array carries one zlib crc32 per `weights.io.CHUNK_BYTES` slice, computed once
 at publish and checked by every `fetch` (chunks are read and checked in parallel threads); a
 corrupt, truncated, missing or half-deleted version raises `CorruptWeightsError` and is never
 returned.
@@ -87,26 +87,6 @@ class WeightStore(Protocol):
     """Waits, then releases resources (files stay)."""
 
 
-def _nbytes(tree) -> int:
-  import jax  # pylint: disable=import-outside-toplevel
-  return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
-
-
-class MemoryWeightRef:
-  """A version held in this process's memory: `fetch` returns the arrays themselves."""
-
-  def __init__(self, version: int, params: Any, moe_state: Any):
-    self.version, self._tree = int(version), (params, moe_state)
-    self.nbytes = _nbytes(self._tree)
-
-  def fetch(self) -> tuple[Any, Any]:
-    return self._tree
-
-  def __reduce__(self):
-    raise TypeError("the in-memory weight store only serves workers in the trainer's process; "
-                    "use --weight_store=ray or --weight_store=tensorstore:PATH for Ray workers")
-
-
 class VersionTable:
   """Committed versions -> refs, thread-safe: the part every store shares."""
 
@@ -150,26 +130,3 @@ class VersionTable:
       for v in drop:
         del self._refs[v]
     return sorted(drop)
-
-
-class MemoryWeightStore(VersionTable):
-  """Versions kept as the published pytrees (zero copy). The arrays must not be donated or
-  mutated after `publish` (the train step donates everything but the parameters)."""
-
-  def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
-    self.commit(version, MemoryWeightRef(version, params, moe_state))
-
-
-def make_weight_store(spec: str) -> WeightStore:
-  """A weight store from a flag value: "memory", "ray", or "tensorstore:PATH_OR_URL" (e.g.
-  "tensorstore:/scratch/run1/weights", "tensorstore:gs://bucket/run1/weights")."""
-  if spec == "memory":
-    return MemoryWeightStore()
-  if spec == "ray":
-    from jaxrl_sys.rollout.weights import ray as ray_weights  # pylint: disable=import-outside-toplevel
-    return ray_weights.RayWeightStore()
-  if spec.startswith("tensorstore:") and spec[len("tensorstore:"):]:
-    from jaxrl_sys.rollout.weights.tensorstore import TensorstoreWeightStore  # pylint: disable=import-outside-toplevel
-    return TensorstoreWeightStore(spec[len("tensorstore:"):])
-  raise ValueError(f"unknown weight store {spec!r}: use 'memory', 'ray' or "
-                   "'tensorstore:PATH_OR_URL' (a directory, file://, gs:// or memory:// URL)")

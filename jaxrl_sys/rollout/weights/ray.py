@@ -80,7 +80,7 @@ def _storable(x: np.ndarray) -> np.ndarray:
 
 class RayWeightStore(BackgroundStore):
   """Versions `ray.put` by the trainer's process; needs Ray started (`ray.init`, or
-  `rollout.ray_worker.init_ray`).
+  `rollout.workers.ray.init_ray`).
 
   Args:
     max_pending: host copies allowed to wait for `ray.put` before `publish` blocks.

@@ -9,7 +9,7 @@ the previous call (waiting up to `max_wait` seconds for news), so a heartbeat is
 while the engine compiles or a weight pull runs. Weight pulls run on a third thread and are
 swapped in between engine steps.
 
-Manager side, `RayWorker` implements `rollout.worker.Worker`: one `exchange` call in flight;
+Manager side, `RayWorker` implements `rollout.workers.Worker`: one `exchange` call in flight;
 `ActorDiedError` / `ActorUnavailableError` / `ObjectLostError` become `WorkerLost`. Generation
 calls are never retried by Ray (`max_task_retries=0`): the manager migrates instead.
 """
@@ -27,7 +27,8 @@ import numpy as np
 from jaxrl_sys.models.config import ModelConfig
 from jaxrl_sys.rollout.clock import Clock
 from jaxrl_sys.rollout.engine.config import EngineConfig
-from jaxrl_sys.rollout.workers.server import Commands, WorkerLost, WorkerReport, WorkerServer
+from jaxrl_sys.rollout.workers.protocol import Commands, WorkerLost, WorkerReport
+from jaxrl_sys.rollout.workers.server import WorkerServer
 
 # Environment variables a worker process inherits from the trainer (device faking, platforms).
 PASS_ENV = ("JAX_PLATFORMS", "XLA_FLAGS", "TOKENIZERS_PARALLELISM", "CUDA_VISIBLE_DEVICES")
@@ -193,7 +194,7 @@ def _actor_class():
 
 
 class RayWorker:
-  """A Ray actor as a `rollout.worker.Worker` (manager side).
+  """A Ray actor as a `rollout.workers.Worker` (manager side).
 
   Args:
     worker_id: unique name (also the actor's name prefix).

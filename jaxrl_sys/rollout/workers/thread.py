@@ -23,7 +23,8 @@ from typing import Sequence
 from jaxrl_sys.models.config import ModelConfig
 from jaxrl_sys.rollout.clock import Clock
 from jaxrl_sys.rollout.engine.config import EngineConfig
-from jaxrl_sys.rollout.workers.server import Commands, WorkerLost, WorkerReport, WorkerServer
+from jaxrl_sys.rollout.workers.protocol import Commands, WorkerLost, WorkerReport
+from jaxrl_sys.rollout.workers.server import WorkerServer
 
 
 def _serve(server: WorkerServer, inbox: queue.SimpleQueue, outbox: queue.SimpleQueue,
@@ -44,7 +45,7 @@ def _serve(server: WorkerServer, inbox: queue.SimpleQueue, outbox: queue.SimpleQ
 
 
 class ThreadWorker:
-  """Implements `rollout.worker.Worker`: `send()` hands the commands to the worker's thread,
+  """Implements `rollout.workers.Worker`: `send()` hands the commands to the worker's thread,
   which applies them and runs one engine step; `receive()` waits for that report (an error in
   the thread is raised there, in the caller's thread, as `InProcessWorker` would raise it).
 

@@ -7,7 +7,7 @@ import numpy as np
 import ray
 import pytest
 
-from jaxrl_sys.rollout.weights.base import CorruptWeightsError, make_weight_store
+from jaxrl_sys.rollout.weights import CorruptWeightsError, make_weight_store
 from jaxrl_sys.rollout.weights.io import host_leaves
 from tests.rollout.weights.test_weights import leaf_bytes, tree
 

@@ -14,8 +14,8 @@ from jaxrl_sys.models.moe import MoEState
 from jaxrl_sys.rollout.weights import io as weights_io
 from jaxrl_sys.rollout.weights import tensorstore as ts_weights
 from jaxrl_sys.rollout.weights.tensorstore import TensorstoreWeightStore, open_latest
-from jaxrl_sys.rollout.weights.base import (CorruptWeightsError, MemoryWeightStore,
-                                            WeightPublishError, make_weight_store)
+from jaxrl_sys.rollout.weights import (CorruptWeightsError, MemoryWeightStore,
+                                       WeightPublishError, make_weight_store)
 
 
 def tree(seed: int, n: int = 4096):
