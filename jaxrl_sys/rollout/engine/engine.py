@@ -27,8 +27,8 @@ Design choices:
 - Weight swap (`set_weights`) takes effect at the next decode step. By default the KV of
   in-flight requests is kept (computed with the older weights); every token sampled afterwards
   comes from the new weights' logits and carries the new version (the pending-token design of
-  `rollout.engine.slots` makes that exact). Prefixes cached under the old weights are not shared with
-  new admissions. With `EngineConfig.recompute_kv_on_swap`, running requests are re-queued at
+  `rollout.engine.slots` makes that exact). Prefixes cached under the old weights are not shared
+  with new admissions. With `EngineConfig.recompute_kv_on_swap`, running requests are re-queued at
   the front and re-prefilled with the new weights instead.
 """
 from __future__ import annotations
