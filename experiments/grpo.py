@@ -160,6 +160,9 @@ flags.DEFINE_float("chaos_kill_every", _RC.chaos_kill_every,
                    "Mean seconds between random SIGKILLs of a Ray worker (0 = off).")
 flags.DEFINE_float("chaos_restart_after", _RC.chaos_restart_after,
                    "Seconds before a chaos-killed worker's slot restarts.")
+flags.DEFINE_integer("max_request_failures", _RC.max_request_failures,
+                     "Ray rollout: worker errors a request may survive before the run stops "
+                     "(preempted or killed workers never count).")
 flags.DEFINE_string("offload", _RC.offload,
                     "Rollout offload with Ray workers: off | adaptive (RLBoost seeding: the "
                     "trainer generates for T_seed, then hands off) | a fixed T_seed in seconds.")
@@ -208,6 +211,8 @@ def main(argv):
   import jax  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train.guard import DivergenceError  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from jaxrl_sys.rollout.manager import RequestFailedError, RolloutStalledError, WeightPullError
   if FLAGS.compile_cache:
     jax.config.update("jax_compilation_cache_dir", os.path.abspath(FLAGS.compile_cache))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -224,6 +229,9 @@ def main(argv):
   except (ValueError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except (RequestFailedError, RolloutStalledError, WeightPullError) as e:
+    print(f"error: rollout: {e}", file=sys.stderr)  # checkpoints already saved are kept
+    return 1
   last = result.history[-1] if result.history else {}
   status = "preempted (checkpoint saved)" if result.preempted else "done"
   line = (f"{status}: step {int(jax.device_get(result.state.step))}/{recipe.config.steps}, "

@@ -42,6 +42,8 @@ _NAMES = {
     "WeightStore": "jaxrl_sys.rollout.weights",
     "ManagerConfig": "jaxrl_sys.rollout.manager", "ManagerStats": "jaxrl_sys.rollout.manager",
     "RequestFailedError": "jaxrl_sys.rollout.manager",
+    "RolloutStalledError": "jaxrl_sys.rollout.manager",
+    "WeightPullError": "jaxrl_sys.rollout.manager",
     "RolloutManager": "jaxrl_sys.rollout.manager",
 }
 __getattr__, __dir__ = lazy_attributes(__name__, _NAMES)

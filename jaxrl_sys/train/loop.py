@@ -409,6 +409,8 @@ class RLLoop:
           preempted = step < self.lc.steps
           break
     finally:
+      if self._client is None:
+        client.close()  # the loop's own in-process workers: their threads end here
       if self.ckpt is not None:
         self.ckpt.close()
       self.logger.close()

@@ -106,6 +106,7 @@ class RecipeConfig:
   trace_time_scale: float = 1.0 / 60.0
   chaos_kill_every: float = 0.0
   chaos_restart_after: float = 2.0
+  max_request_failures: int = 5
   worker_token_delay: float = 0.0
   worker_cpus: float = 1.0
   worker_gpus: float = 0.0

@@ -50,7 +50,9 @@ class RolloutSetup:
     worker_cpus, worker_gpus: Ray resources of each worker.
     worker_token_delay: seconds each Ray worker sleeps per generated token (slow workers on
       purpose, for tests and benchmarks).
-    heartbeat_timeout, startup_timeout, max_attempts, theta: `ManagerConfig` settings.
+    heartbeat_timeout, startup_timeout, theta: `ManagerConfig` settings.
+    max_request_failures: a request's failure budget (`ManagerConfig.max_attempts`): worker
+      errors it may survive; preemptions (killed or lost workers) never count.
     offload: "off", "adaptive" (RLBoost seeding with the feedback controller) or a fixed
       window in seconds ("0": hand everything to the remote workers at once). With Ray workers
       and offload on, the trainer's devices are also a (local) worker.
@@ -70,7 +72,7 @@ class RolloutSetup:
   worker_token_delay: float = 0.0
   heartbeat_timeout: float = 30.0
   startup_timeout: float = 300.0
-  max_attempts: int = 5
+  max_request_failures: int = 5
   theta: int = 4
   offload: str = "off"
   t_seed_init: float = 2.0
@@ -88,6 +90,8 @@ class RolloutSetup:
       raise ValueError("use either --preempt_trace or --chaos_kill_every, not both")
     if self.preempt_trace and not os.path.isfile(self.preempt_trace):
       raise ValueError(f"--preempt_trace={self.preempt_trace}: no such file")
+    if self.max_request_failures < 0:
+      raise ValueError(f"--max_request_failures must be >= 0, got {self.max_request_failures}")
     if self.chaos_kill_every < 0 or not 0 < self.trace_sample <= 1:
       raise ValueError("--chaos_kill_every must be >= 0 and --trace_sample in (0, 1]")
     self.offload_config()  # validates
@@ -112,7 +116,8 @@ class RolloutSetup:
 
   def manager_config(self) -> ManagerConfig:
     return ManagerConfig(theta=self.theta, heartbeat_timeout=self.heartbeat_timeout,
-                         startup_timeout=self.startup_timeout, max_attempts=self.max_attempts)
+                         startup_timeout=self.startup_timeout,
+                         max_attempts=self.max_request_failures)
 
 
 def check_ray_resources(setup: RolloutSetup) -> None:

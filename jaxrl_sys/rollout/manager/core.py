@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from jaxrl_sys.rollout.manager import balance
 from jaxrl_sys.rollout.clock import WALL, Clock
-from jaxrl_sys.rollout.manager.config import ManagerConfig, RequestFailedError
+from jaxrl_sys.rollout.manager.config import (ManagerConfig, RequestFailedError,
+                                              WeightPullError)
 from jaxrl_sys.rollout.manager.state import ManagerStats, ReqState, WorkerState
 from jaxrl_sys.rollout.types import Completion, FinishReason, Request, TokenChunk
 from jaxrl_sys.rollout.weights.base import WeightStore
@@ -23,6 +24,12 @@ from jaxrl_sys.rollout.weights.memory import MemoryWeightStore
 from jaxrl_sys.rollout.workers.protocol import Worker, WorkerReport
 
 TickHook = Callable[["ManagerCore", float], None]  # hook(state machine, now)
+
+
+def describe_store(store: Any) -> str:
+  """A weight store's kind and location, for error messages."""
+  where = getattr(store, "url", None) or getattr(store, "path", None)
+  return f"{type(store).__name__}({where})" if where else type(store).__name__
 
 
 class ManagerCore:
@@ -39,7 +46,9 @@ class ManagerCore:
     self.stats = ManagerStats()
     self.events: list[tuple[float, str, str, str]] = []  # (time, kind, worker, detail)
     self._done: list[Completion] = []
-    self._failed: list[RequestFailedError] = []
+    self._failed: list[RuntimeError] = []  # raised by the next poll
+    self._pull_failures: dict[int, list[tuple[str, str]]] = {}  # version -> (worker, message)
+    self.last_progress = clock.now()  # tokens, completions, pulls, readiness, new work
     self._hooks: list[TickHook] = []
     self._provenance: dict[int, list[tuple[str, int, int]]] = {}
     self._in_use: frozenset[int] = frozenset()
@@ -68,12 +77,14 @@ class ManagerCore:
       self.queue.append(r.request_id)
     self._open += len(batch)
     self.stats.submitted += len(batch)
+    self.last_progress = now
 
   def publish_weights(self, params: Any, version: int, moe_state: Any = None) -> None:
     """Publishes `version` to the store; each worker pulls it at its next exchange (once the
     store has committed it) and serves it from then on."""
     self.store.publish(int(version), params, moe_state)
     self.latest = int(version)
+    self.last_progress = self.clock.now()
     self.events.append((self.clock.now(), "publish", "", str(version)))
 
   def add_worker(self, worker: Worker) -> None:
@@ -85,8 +96,12 @@ class ManagerCore:
     self.stats.joined += 1
     self.events.append((self.clock.now(), "join", worker.worker_id, ""))
 
-  def on_lost(self, worker_id: str, reason: str) -> None:
-    """A worker is gone: kill it (no zombies) and migrate every request it held."""
+  def on_lost(self, worker_id: str, reason: str, *, failure: bool = False) -> None:
+    """A worker is gone: kill it (no zombies) and migrate every request it held.
+
+    `failure=True` when the worker broke with an error while generating (the requests it held
+    may have caused it): each counts one attempt against `config.max_attempts`. Otherwise it was
+    preempted (lost, killed, removed, silent), which is not the requests' fault."""
     ws = self.workers.pop(worker_id, None)
     if ws is None:
       return
@@ -101,12 +116,16 @@ class ManagerCore:
       st.owner, st.target, st.moving = None, None, False
       if st.aborting:
         continue  # abort() collects it
-      st.attempts += 1
-      if st.attempts > self.config.max_attempts:
-        self._failed.append(RequestFailedError(
-            f"request {rid} failed: its worker was lost {st.attempts} times (last: {worker_id}: "
-            f"{reason}); raise ManagerConfig.max_attempts or check the workers"))
-        continue
+      if not failure:
+        st.preempted += 1
+      else:
+        st.attempts += 1
+        if st.attempts > self.config.max_attempts:
+          self._failed.append(RequestFailedError(
+              f"request {rid} failed: the workers serving it failed {st.attempts} times (last: "
+              f"{worker_id}: {reason}); {st.preempted} preemptions not counted. Raise "
+              f"--max_request_failures (ManagerConfig.max_attempts) or check the workers"))
+          continue
       self.queue.appendleft(rid)
       self.stats.migrated += 1
     self._cut_migrated([r for r in moved if not self.requests[r].aborting])
@@ -189,6 +208,10 @@ class ManagerCore:
     """Enables / disables dispatch to a worker (e.g. the trainer's seeding engines)."""
     self.workers[worker_id].disabled = not accepting
 
+  def has_hooks(self) -> bool:
+    """Whether a tick hook (e.g. a fleet that starts workers) is installed."""
+    return bool(self._hooks)
+
   def add_tick_hook(self, hook: TickHook) -> None:
     """`hook(manager, now)` runs at every tick (trace players, autoscalers, controllers)."""
     self._hooks.append(hook)
@@ -251,24 +274,21 @@ class ManagerCore:
     if rep.fatal:
       for c in rep.chunks:  # tokens produced before the failure are kept
         self._on_chunk(ws, c)
-      self.on_lost(rep.worker_id, f"worker failed: {rep.fatal}")
+      self.on_lost(rep.worker_id, f"worker failed: {rep.fatal}", failure=True)
       return True
     first = ws.version < 0 and rep.version >= 0
     ws.observe(rep, now, self.config.profile_window)
     if first:
       self.events.append((now, "ready", rep.worker_id, str(rep.version)))
+    if first or rep.pulls or rep.chunks:
+      self.last_progress = now
     for version, seconds in rep.pulls:
       ws.failed_pulls = 0
+      self._pull_failures.pop(int(version), None)
       self.stats.pull_seconds.append(seconds)
       self.events.append((now, "pulled", rep.worker_id, f"v{version} in {seconds:.3f}s"))
     for version, message in rep.failed_pulls:
-      ws.failed_pulls += 1
-      self.events.append((now, "pull_failed", rep.worker_id, f"v{version}: {message}"))
-      if ws.failed_pulls > self.config.max_pull_failures:
-        self.on_lost(rep.worker_id, f"weight pull of v{version} failed {ws.failed_pulls} times: "
-                     f"{message}")
-        return True
-      ws.pull_sent = min(ws.pull_sent, ws.version)  # pull again at the next tick
+      self._pull_failed(ws, int(version), message)
     for rid, message in rep.rejected:
       st = self.requests.get(rid)
       if st is not None and st.owner == rep.worker_id:
@@ -281,6 +301,25 @@ class ManagerCore:
       self._update_gc()
     return bool(rep.chunks or rep.pulls or rep.rejected or first)
 
+  def _pull_failed(self, ws: WorkerState, version: int, message: str) -> None:
+    """A worker could not load `version` (it keeps serving its previous one). Pulls are retried
+    until `max_pull_failures` failed over all workers; then, while `version` is still the
+    newest, the next `poll` raises `WeightPullError` naming the version, the store and why."""
+    ws.failed_pulls += 1
+    self.events.append((self.clock.now(), "pull_failed", ws.worker_id, f"v{version}: {message}"))
+    ws.pull_sent = min(ws.pull_sent, ws.version)  # pull again at the next tick
+    fails = self._pull_failures.setdefault(version, [])
+    fails.append((ws.worker_id, message))
+    if len(fails) == self.config.max_pull_failures + 1 and version == self.latest:
+      serving = sorted({w.version for w in self.workers.values() if w.version >= 0})
+      self._failed.append(WeightPullError(
+          f"weight version {version} could not be loaded from the weight store "
+          f"{describe_store(self.store)}: {len(fails)} pulls failed (workers "
+          f"{sorted({w for w, _ in fails})}); last error: {message}. The workers keep serving "
+          f"version(s) {serving or 'none'}, but the requests waiting for version {version} "
+          "cannot run. Check the store's files (a corrupt, truncated or deleted version) and "
+          "resume from the last checkpoint (--resume)"))
+
   def tick(self) -> bool:
     """Hooks, heartbeats, weight pulls, dispatch and load balancing at the clock's time."""
     now = self.clock.now()
@@ -292,6 +331,11 @@ class ManagerCore:
       limit = self.config.heartbeat_timeout if ws.version >= 0 else self.config.startup_timeout
       if ws.outstanding and now - ws.sent_at > limit:
         self.on_lost(ws.worker_id, f"no report within {limit:.0f} s")
+        changed = True
+        continue
+      if ws.pull_sent > ws.version and now - ws.pull_sent_at > self.config.pull_timeout:
+        self._pull_failed(ws, ws.pull_sent, f"not loaded within {self.config.pull_timeout:.0f} s "
+                          "(ManagerConfig.pull_timeout)")
         changed = True
       elif ws.retiring and not ws.assigned and not ws.outstanding:
         self.workers.pop(ws.worker_id)
@@ -390,7 +434,7 @@ class ManagerCore:
         if ref is None:
           getattr(self.store, "check", lambda: None)()  # a failed write raises, never stalls
           return  # not committed yet
-        ws.commands.load, ws.pull_sent = ref, self.latest
+        ws.commands.load, ws.pull_sent, ws.pull_sent_at = ref, self.latest, self.clock.now()
 
   def _update_gc(self) -> None:
     in_use = frozenset(v for ws in self.workers.values() for v in (ws.version, ws.pull_sent)

@@ -31,7 +31,7 @@ import functools
 from typing import Iterable, Sequence
 
 from jaxrl_sys.rollout.clock import WALL, Clock
-from jaxrl_sys.rollout.manager.config import ManagerConfig
+from jaxrl_sys.rollout.manager.config import ManagerConfig, RolloutStalledError
 from jaxrl_sys.rollout.manager.core import ManagerCore
 from jaxrl_sys.rollout.types import Completion, Request
 from jaxrl_sys.rollout.weights.base import WeightStore
@@ -109,14 +109,21 @@ class RolloutManager:
     is already finished.
 
     Raises:
-      RequestFailedError: a request outlived `config.max_attempts` worker losses, or a worker
-        rejected it (e.g. longer than its context).
+      RequestFailedError: a request's workers failed more than `config.max_attempts` times
+        with an error (preemptions do not count), or a worker rejected it (e.g. longer than
+        its context).
+      WeightPullError: the newest weight version cannot be loaded (corrupt, missing, or not
+        fitting the model), so the requests waiting for it cannot run.
+      RolloutStalledError: requests are pending but cannot progress: no weight version was
+        published, there are no workers (and no tick hook that could add one), or nothing
+        progressed for `config.stall_timeout` seconds.
     """
     core = self.core
     want = max(min_count, 1)
     if timeout is None or timeout > 0:
       deadline = None if timeout is None else self.clock.now() + timeout
       while core.num_done() < want and core.num_open:
+        self._check_progress()
         progressed = self.round()
         core.raise_failures()
         if core.num_done() >= want or not core.num_open:
@@ -130,6 +137,24 @@ class RolloutManager:
           self._wait(max(left, 0.0))
     core.raise_failures()
     return core.take_completions()
+
+  def _check_progress(self) -> None:
+    """Raises `RolloutStalledError` when the pending requests cannot progress."""
+    core, n = self.core, self.core.num_open
+    if core.latest < 0:
+      raise RolloutStalledError(
+          f"poll: {n} requests pending but no weight version was published: call "
+          "publish_weights(params, version) before polling")
+    if not core.workers and not core.has_hooks():
+      raise RolloutStalledError(
+          f"poll: {n} requests pending and no workers to run them: add_worker(...) first (or a "
+          "tick hook such as a Fleet that starts workers)")
+    idle = self.clock.now() - core.last_progress
+    if idle > self.config.stall_timeout:
+      raise RolloutStalledError(
+          f"poll: no progress for {idle:.0f} s (ManagerConfig.stall_timeout="
+          f"{self.config.stall_timeout:g}) with {n} requests pending: no token, completion, "
+          f"weight pull or ready worker. State: {core.describe()}")
 
   def abort(self, request_ids: Iterable[int] | None = None) -> list[Request]:
     """Stops requests (all unfinished when None) and returns their exact partial state.

@@ -51,7 +51,8 @@ class ReqState:
     submitted_at: clock time of submission.
     owner: the worker it is assigned to, or None while queued.
     target: a worker the balancer moves it to (dispatch prefers it while it qualifies).
-    attempts: worker losses it went through.
+    attempts: worker failures (errors) it went through while held (its failure budget).
+    preempted: worker preemptions it went through (never counted against it).
     done: finished (a completion waits for `poll`).
     moving: an abort was sent to move it; re-queued on the acknowledgement.
     aborting: `abort()` wants it back; returned on the acknowledgement.
@@ -61,6 +62,7 @@ class ReqState:
   owner: str | None = None
   target: str | None = None
   attempts: int = 0
+  preempted: int = 0
   done: bool = False
   moving: bool = False
   aborting: bool = False
@@ -75,6 +77,7 @@ class WorkerState:
     self.version = -1          # serving
     self.loading = -1          # being pulled (worker's view)
     self.pull_sent = -1        # newest version it was told to pull
+    self.pull_sent_at = joined_at
     self.num_slots = 0
     self.running: set[int] = set()
     self.waiting: list[int] = []

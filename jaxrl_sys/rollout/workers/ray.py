@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import socket
 import threading
 import time
 from typing import Any, Sequence
@@ -44,13 +45,49 @@ def import_ray():
   return ray
 
 
+class RayUnavailableError(ValueError):
+  """The Ray cluster named by `--ray_address` cannot be reached (a user-facing setting)."""
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+  """("host", port) of "host:port" or "ray://host:port"; None for "auto" and other forms."""
+  rest = address.split("://", 1)[1] if "://" in address else address
+  host, sep, port = rest.rpartition(":")
+  if not sep or not host or not port.isdigit():
+    return None
+  return host.strip("[]"), int(port)
+
+
+def check_ray_address(address: str, timeout: float = 5.0) -> None:
+  """Raises `RayUnavailableError` when nothing accepts connections at `address` within
+  `timeout` seconds (Ray itself would retry for minutes without a word)."""
+  hp = _host_port(address)
+  if hp is None:
+    return
+  try:
+    socket.create_connection(hp, timeout=timeout).close()
+  except OSError as e:
+    raise RayUnavailableError(
+        f"no Ray cluster at --ray_address={address}: {hp[0]}:{hp[1]} does not accept "
+        f"connections ({e.strerror or type(e).__name__}, waited up to {timeout:g} s). Start one "
+        f"there (`ray start --head --port={hp[1]}`), fix the address, or leave --ray_address "
+        "unset to start a local Ray") from None
+
+
 def init_ray(address: str | None = None, *, num_cpus: int | None = None,
-             object_store_memory: int | None = None) -> None:
-  """Connects to a Ray cluster (`address`, e.g. "ray://head:10001" or "auto") or starts a
-  local one (default), once per process."""
+             object_store_memory: int | None = None, connect_timeout: float = 5.0) -> None:
+  """Connects to a Ray cluster (`address`, e.g. "ray://head:10001", "head:6379" or "auto") or
+  starts a local one (default), once per process.
+
+  Raises:
+    RayUnavailableError: no cluster answers at `address` (a "host:port" address is probed for
+      `connect_timeout` seconds first), or "auto" finds none.
+  """
   ray = import_ray()
   if ray.is_initialized():
     return
+  if address:
+    check_ray_address(address, connect_timeout)
   kw: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
                             ignore_reinit_error=True)
   if address:
@@ -60,9 +97,11 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None,
     kw["object_store_memory"] = object_store_memory or 256 * 2 ** 20
   try:
     ray.init(**kw)
-  except (ConnectionError, RuntimeError) as e:
-    raise RuntimeError(f"could not start or reach Ray ({address or 'local'}): {e}; check "
-                       "--ray_address, or that `ray start --head` runs on the cluster") from e
+  except (ConnectionError, RuntimeError, ValueError) as e:
+    raise RayUnavailableError(
+        f"could not start or reach Ray ({address or 'local'}): {str(e).strip()}; check "
+        "--ray_address, or that `ray start --head` runs on the cluster (leave --ray_address "
+        "unset to start a local Ray)") from None
 
 
 def _merge(into: WorkerReport | None, rep: WorkerReport) -> WorkerReport:
@@ -131,7 +170,7 @@ class WorkerActor:
   def _pull(self, ref) -> None:
     t0 = time.monotonic()
     try:
-      params, moe_state = ref.fetch()
+      params, moe_state = self.server.pull(ref)
       self._pulled.put((ref.version, params, moe_state, time.monotonic() - t0, None))
     except Exception as e:  # pylint: disable=broad-except
       self._pulled.put((ref.version, None, None, 0.0, e))

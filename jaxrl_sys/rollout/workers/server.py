@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxrl_sys.models.config import ModelConfig
 from jaxrl_sys.rollout.clock import Clock
+from jaxrl_sys.rollout.engine.check import check_weights
 from jaxrl_sys.rollout.engine.config import EngineConfig
 from jaxrl_sys.rollout.engine.engine import Engine
 from jaxrl_sys.rollout.types import FinishReason, Request, TokenChunk
@@ -71,7 +72,7 @@ class WorkerServer:
       if fetch:
         t0 = time.monotonic()
         try:
-          params, moe_state = commands.load.fetch()
+          params, moe_state = self.pull(commands.load)
         except Exception as e:  # pylint: disable=broad-except
           self.pull_failed(commands.load.version, e)
         else:
@@ -95,6 +96,14 @@ class WorkerServer:
       self._chunks.append(TokenChunk(int(rid), -1, np.zeros((0,), np.int32),
                                      np.zeros((0,), np.float32), self.version,
                                      FinishReason.ABORTED))
+
+  def pull(self, ref: Any) -> tuple[Any, Any]:
+    """Fetches a weight version (`ref.fetch()`, which verifies its checksums) and checks it fits
+    the model; raises `CorruptWeightsError` / `WeightMismatchError` (the caller reports a
+    failed pull and keeps serving its previous version)."""
+    params, moe_state = ref.fetch()
+    check_weights(self.model_config, params, int(ref.version))
+    return params, moe_state
 
   def swap(self, version: int, params: Any, moe_state: Any, seconds: float) -> None:
     """Serves `version` from now on (creates the engine on the first call)."""

@@ -14,6 +14,7 @@ over two of them on CPU hosts when each keeps at least 32 slots.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import queue
 import threading
@@ -44,6 +45,21 @@ def _serve(server: WorkerServer, inbox: queue.SimpleQueue, outbox: queue.SimpleQ
     outbox.put(out)
 
 
+# Seconds `kill()` (and interpreter exit) waits for a worker's thread to finish its exchange.
+JOIN_TIMEOUT = 120.0
+_LIVE: "weakref.WeakSet[ThreadWorker]" = weakref.WeakSet()
+
+
+def _stop(inbox: queue.SimpleQueue, thread: threading.Thread) -> None:
+  """Ends a worker's thread and waits for it. The thread must not outlive the interpreter's
+  shutdown: a daemon thread still inside XLA (an exchange, or freeing its engine's buffers)
+  while the runtime is torn down aborts the process ("terminate called ... FATAL: exception
+  not rethrown")."""
+  inbox.put(None)
+  if thread is not threading.current_thread():
+    thread.join(JOIN_TIMEOUT)
+
+
 class ThreadWorker:
   """Implements `rollout.workers.Worker`: `send()` hands the commands to the worker's thread,
   which applies them and runs one engine step; `receive()` waits for that report (an error in
@@ -70,11 +86,14 @@ class ThreadWorker:
     self._outstanding = False
     self._dead = False
     # The thread holds the server and the queues, not this handle: a handle nobody holds any
-    # more stops its thread (and frees its engine) without a kill().
-    threading.Thread(target=_serve, name=f"rollout-{worker_id}", daemon=True,
-                     args=(self.server, self._inbox, self._outbox,
-                           first_load or threading.Lock())).start()
-    weakref.finalize(self, self._inbox.put, None)
+    # more stops its thread (and frees its engine) without a kill(); at interpreter exit the
+    # finalizer (an atexit hook, run before JAX's own) ends and joins the thread.
+    self._thread = threading.Thread(target=_serve, name=f"rollout-{worker_id}", daemon=True,
+                                    args=(self.server, self._inbox, self._outbox,
+                                          first_load or threading.Lock()))
+    self._thread.start()
+    self._finalizer = weakref.finalize(self, _stop, self._inbox, self._thread)
+    _LIVE.add(self)
 
   def send(self, commands: Commands) -> None:
     if self._outstanding:
@@ -96,11 +115,18 @@ class ThreadWorker:
     return out
 
   def kill(self) -> None:
-    """Stops the thread after its current exchange (idempotent)."""
-    if not self._dead:
-      self._dead = True
-      self._inbox.put(None)
+    """Stops the thread after its current exchange and waits for it (idempotent)."""
+    self._dead = True
+    self._finalizer()  # runs `_stop` once
 
   @classmethod
   def wait_any(cls, workers: Sequence["ThreadWorker"], timeout: float, clock: Clock) -> None:  # pylint: disable=unused-argument
     return  # receive() waits for the exchange itself
+
+
+@atexit.register
+def _stop_all() -> None:
+  """At interpreter exit, ends every live worker's thread (registered after JAX's own exit
+  hooks, since this module imports JAX first, so it runs before them)."""
+  for w in list(_LIVE):
+    w.kill()

@@ -122,19 +122,42 @@ def test_late_and_duplicated_chunks_are_ignored():
   check_complete(drain(m), reqs)
 
 
-def test_request_failing_too_often_is_an_error_naming_it():
-  clock = ManualClock()
+def _replacing(clock, **worker_kw):
+  """A tick hook that adds a fresh worker whenever none is left (as a fleet would)."""
   counter = {"n": 0}
 
-  def replace_dead(mgr, now):
+  def replace(mgr, now):
     if not mgr.workers:
       counter["n"] += 1
-      mgr.add_worker(FakeWorker(f"d{counter['n']}", clock, latency=0.1, die_at=now + 0.25))
+      kw = {k: now + v for k, v in worker_kw.items()}  # lifetimes from the join
+      mgr.add_worker(FakeWorker(f"d{counter['n']}", clock, latency=0.1, **kw))
 
+  return replace, counter
+
+
+def test_preemptions_do_not_count_against_a_request():
+  # Every worker is preempted 0.25 s after it joins (WorkerLost). The request goes through
+  # more losses than its failure budget and still completes with the undisturbed tokens.
+  clock = ManualClock()
+  replace, counter = _replacing(clock, die_at=0.25)
   m = manager([], clock, max_attempts=2)
-  m.add_tick_hook(replace_dead)
+  m.add_tick_hook(replace)
+  reqs = make_requests(1, seed=5, max_new=40)
+  m.submit(reqs)
+  check_complete(drain(m), reqs)
+  assert m.stats.lost >= 3 and counter["n"] >= 4 and m.stats.migrated >= 3
+
+
+def test_worker_errors_count_against_the_request_and_name_it():
+  # Every worker breaks with an error 0.25 s after it joins, while holding the request: those
+  # count, and the third failure over max_attempts=2 ends the request.
+  clock = ManualClock()
+  replace, _ = _replacing(clock, fail_at=0.25)
+  m = manager([], clock, max_attempts=2)
+  m.add_tick_hook(replace)
   m.submit(make_requests(1, seed=5, max_new=40))
-  with pytest.raises(RequestFailedError, match=r"request 0 failed: its worker was lost 3 times"):
+  with pytest.raises(RequestFailedError, match=r"request 0 failed: the workers serving it failed "
+                     r"3 times \(last: d3: worker failed: RuntimeError: scripted engine failure"):
     drain(m)
 
 
