@@ -303,9 +303,14 @@ class RayWorker:
       pass
 
   def preempt(self) -> None:
-    """SIGKILLs the actor's process, as a spot preemption would (same machine only)."""
+    """SIGKILLs the actor's process, as a spot preemption would (same machine only). Never
+    waits: an actor that has not reported its pid yet (still starting) is ended by `kill()`
+    (asking it for its pid blocked the manager's tick for up to 30 s per kill)."""
+    if self._pid is None:
+      self.kill()
+      return
     try:
-      os.kill(self.pid(timeout=30.0), signal.SIGKILL)
+      os.kill(self._pid, signal.SIGKILL)
     except (ProcessLookupError, Exception):  # pylint: disable=broad-except
       self.kill()
 
