@@ -25,6 +25,7 @@ StreamRL-like). Deterministic for `config.seed`.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -74,8 +75,9 @@ class Workload:
 
 
 # The manager as the simulator runs it: ManagerConfig's defaults except where the virtual clock
-# asks otherwise (waits end at the next event anyway; reports come every 10 s of virtual time).
-SIM_MANAGER = ManagerConfig(poll_interval=10.0, startup_timeout=600.0)
+# asks otherwise (waits end at the next event anyway; reports come every 10 s of virtual time;
+# a trace may leave no instance for hours, which is what is studied, not a stall).
+SIM_MANAGER = ManagerConfig(poll_interval=10.0, startup_timeout=600.0, stall_timeout=math.inf)
 # RLBoost's released controller: first window 150 s, floor 5 s, rate 1/3 (spec 1.2, 8).
 SIM_OFFLOAD = OffloadConfig(t_init=150.0, t_min=5.0)
 

@@ -36,8 +36,8 @@ class ManagerConfig:
     max_pull_failures: failed pulls of one weight version (over all workers) tolerated; one
       more raises `WeightPullError` from `poll` while it is the newest version (a corrupt
       version is never loaded: the workers keep serving their previous version meanwhile).
-    pull_timeout: seconds a worker may take to load a version it was told to pull before the
-      pull counts as failed (and is sent again).
+    pull_timeout: seconds a worker may take to load a version it was told to pull (the first
+      one includes compiling its engine) before the pull counts as failed and is sent again.
     stall_timeout: seconds `poll` waits while requests are pending and nothing progresses (no
       token, completion, weight pull or worker becoming ready) before raising
       `RolloutStalledError` with the manager's state.
@@ -59,7 +59,7 @@ class ManagerConfig:
   startup_timeout: float = 300.0
   max_attempts: int = 5
   max_pull_failures: int = 3
-  pull_timeout: float = 300.0
+  pull_timeout: float = 1800.0
   stall_timeout: float = 900.0
   balance: bool = True
   tail_balance: bool = True
