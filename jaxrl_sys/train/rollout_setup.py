@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import tempfile
 import threading
 
 import jax
@@ -139,12 +138,7 @@ def ray_client(setup: RolloutSetup, model_config: ModelConfig, engine_config: En
                seed: int = 0, compile_cache: str | None = None,
                clock: Clock = WALL) -> RolloutManager:
   """A `RolloutManager` with no weights yet whose `Fleet` runs `setup.num_workers` Ray
-  workers (following the trace or the chaos schedule); the loop publishes the weights.
-
-  Workers share a persistent compilation cache (`compile_cache`, default a directory under the
-  system's temp dir): a worker restarted after a preemption loads its programs instead of
-  compiling them again, so frequent preemptions still leave it time to generate."""
-  compile_cache = compile_cache or os.path.join(tempfile.gettempdir(), "jaxrl_sys_worker_cache")
+  workers (following the trace or the chaos schedule); the loop publishes the weights."""
   # pylint: disable-next=import-outside-toplevel
   from jaxrl_sys.rollout.workers.ray import RayWorker, init_ray
   init_ray(setup.ray_address)
