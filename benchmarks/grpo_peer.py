@@ -30,9 +30,9 @@ import numpy as np
 from benchmarks import peer_models
 from benchmarks.common import print_table, write_json
 from jaxrl_sys.train import recipe as recipe_lib
-from jaxrl_sys.train.loop import RLLoop
-from jaxrl_sys.train.rollout_setup import default_engine_config
-from jaxrl_sys.train.metrics_log import train_flops_per_token
+from jaxrl_sys.train.loop.rl_loop import RLLoop
+from jaxrl_sys.train.loop.local_client import default_engine_config
+from jaxrl_sys.train.loop.metrics_log import train_flops_per_token
 
 WORKLOAD = dict(task="arithmetic", task_args="num_digits=2,ops=+", group_size=8,
                 prompts_per_step=8, max_new_tokens=32, max_prompt_len=8, sft_steps=0,

@@ -25,16 +25,16 @@ import numpy as np  # noqa: E402
 from benchmarks.common import RESULTS_DIR, print_table, write_json  # noqa: E402
 from jaxrl_sys.models import init_params  # noqa: E402
 from jaxrl_sys.train import recipe as recipe_lib  # noqa: E402
-from jaxrl_sys.train.evaluate import evaluate  # noqa: E402
-from jaxrl_sys.train.loop import RLLoop  # noqa: E402
-from jaxrl_sys.train.supervised import supervised_warmup  # noqa: E402
+from jaxrl_sys.train.loop.evaluate import evaluate  # noqa: E402
+from jaxrl_sys.train.loop.rl_loop import RLLoop  # noqa: E402
+from jaxrl_sys.train.loop.supervised import supervised_warmup  # noqa: E402
 
 BASE = recipe_lib.RecipeConfig(progress=False, sft_steps=60, lr_warmup_steps=5)
 
 
 def warm_params(rc: recipe_lib.RecipeConfig):
   recipe = recipe_lib.build_recipe(rc)
-  mc = recipe.model.config
+  rc, mc = recipe.config, recipe.model.config  # the task's defaults filled in
   params = jax.jit(init_params, static_argnums=0)(mc, jax.random.PRNGKey(rc.seed))
   return supervised_warmup(params, mc, recipe.task, recipe.model.tokenizer, steps=rc.sft_steps,
                            batch_size=rc.sft_batch_size, learning_rate=rc.sft_learning_rate,

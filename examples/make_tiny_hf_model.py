@@ -15,7 +15,7 @@ def main(directory: str) -> None:
   import transformers
 
   from jaxrl_sys.tasks import CharTokenizer
-  from jaxrl_sys.train.presets import MATH_CHARS
+  from jaxrl_sys.train.recipe.presets import MATH_CHARS
   tok = CharTokenizer(MATH_CHARS)
   torch.manual_seed(0)
   config = transformers.Qwen3Config(

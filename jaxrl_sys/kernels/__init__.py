@@ -6,18 +6,19 @@
 - `decode_attention(q, k_cache, v_cache, kv_mask)`: one new token per sequence over a KV cache.
 - `grouped_matmul(lhs, rhs, group_sizes)`: ragged per-group matmul for MoE experts.
 
-`impl="auto"` runs Pallas on GPU and XLA elsewhere; `impl="pallas"` on CPU runs the kernels in
-interpret mode (see `dispatch`).
+`impl="auto"` picks per backend in one table (`jaxrl_sys.backend.AUTO`): on GPU the token-chunked
+log-probs, cuDNN attention, the Pallas decode attention and Pallas grouped matmul; XLA paths on
+CPU and TPU. `impl="pallas"` on CPU runs the kernels in interpret mode (see `dispatch`).
 """
 from jaxrl_sys.kernels.decode_attention import decode_attention, decode_attention_reference
 from jaxrl_sys.kernels.dispatch import default_interpret, resolve_impl
-from jaxrl_sys.kernels.flash_attention import (attention_mask, attention_reference,
-                                               flash_attention)
+from jaxrl_sys.kernels.flash_attention import (attention_dpa, attention_mask,
+                                               attention_reference, flash_attention)
 from jaxrl_sys.kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
 from jaxrl_sys.kernels.logprobs import fused_logprobs, logprobs_reference
 
 __all__ = [
-    "attention_mask", "attention_reference", "decode_attention", "decode_attention_reference",
-    "default_interpret", "flash_attention", "fused_logprobs", "grouped_matmul",
-    "grouped_matmul_reference", "logprobs_reference", "resolve_impl",
+    "attention_dpa", "attention_mask", "attention_reference", "decode_attention",
+    "decode_attention_reference", "default_interpret", "flash_attention", "fused_logprobs",
+    "grouped_matmul", "grouped_matmul_reference", "logprobs_reference", "resolve_impl",
 ]

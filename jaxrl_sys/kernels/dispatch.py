@@ -1,9 +1,10 @@
 """Backend choice shared by every kernel, and small Pallas helpers.
 
-`resolve_impl("auto")` picks the Pallas implementation where its kernels are known to lower
-(GPU, through Triton) and the plain-XLA implementation elsewhere (CPU, and TPU: these kernels use
-Triton-style masked loads that Mosaic does not lower). `impl="pallas"` forces the kernel; on CPU it
-then runs in interpret mode (`default_interpret()`), which is how the tests exercise it.
+`resolve_impl("auto", kernel)` asks `jaxrl_sys.backend` which implementation runs on this
+backend (the Pallas kernels lower on GPU, through Triton; CPU and TPU run the plain-XLA paths:
+these kernels use Triton-style masked loads that Mosaic does not lower). `impl="pallas"` forces
+the kernel; on CPU it then runs in interpret mode (`default_interpret()`), which is how the tests
+exercise it.
 
 The Pallas helpers hide API moves between jax releases: masked `load`/`store` live in
 `jax.experimental.pallas.triton` from jax 0.10 on (earlier releases had `pl.load`/`pl.store`).
@@ -13,8 +14,9 @@ from __future__ import annotations
 import functools
 from typing import Literal
 
-import jax
 from jax.experimental import pallas as pl
+
+from jaxrl_sys import backend
 
 try:  # jax >= 0.10: Triton-specific primitives moved out of `pl`.
   from jax.experimental.pallas import triton as _plt
@@ -24,19 +26,16 @@ except ImportError:  # pragma: no cover - older jax.
   _HAS_TRITON_MODULE = False
 
 Impl = Literal["auto", "pallas", "xla"]
-_IMPLS = ("auto", "pallas", "xla")
-# Platforms on which `impl="auto"` runs the Pallas kernels.
-PALLAS_PLATFORMS = ("gpu",)
 
 
 def platform() -> str:
-  """The default backend's platform name: "cpu", "gpu" or "tpu"."""
-  return jax.default_backend()
+  """The default backend's platform name: "cpu", "gpu" or "tpu" (`jaxrl_sys.backend`)."""
+  return backend.platform()
 
 
 def default_interpret() -> bool:
   """True where Pallas kernels can only run in interpret mode (CPU)."""
-  return platform() == "cpu"
+  return backend.pallas_interpret()
 
 
 def resolve_interpret(interpret: bool | None) -> bool:
@@ -44,20 +43,15 @@ def resolve_interpret(interpret: bool | None) -> bool:
   return default_interpret() if interpret is None else bool(interpret)
 
 
-def resolve_impl(impl: str) -> Literal["pallas", "xla"]:
-  """Maps "auto"|"pallas"|"xla" to the implementation that will run.
+def resolve_impl(impl: str, kernel: str = "decode_attention") -> str:
+  """The implementation of `kernel` that runs for `impl` ("auto" picks per backend through
+  `jaxrl_sys.backend.kernel_impl`; any other name is checked and returned).
 
   Args:
-    impl: "auto" (Pallas on GPU, XLA on CPU and TPU), "pallas" or "xla".
-
-  Returns:
-    "pallas" or "xla".
+    impl: "auto", "pallas", "xla", or another name that `backend.KERNELS[kernel]` lists.
+    kernel: one of `backend.KERNELS`.
   """
-  if impl not in _IMPLS:
-    raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
-  if impl == "auto":
-    return "pallas" if platform() in PALLAS_PLATFORMS else "xla"
-  return impl  # type: ignore[return-value]
+  return backend.kernel_impl(kernel, impl)
 
 
 def next_pow2(n: int) -> int:

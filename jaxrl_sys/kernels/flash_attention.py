@@ -3,6 +3,11 @@
 Query i may attend key j iff segment_ids[i] == segment_ids[j] != 0 (and j <= i when causal);
 segment id 0 marks padding (left, right, or between packed sequences). Rows with no visible
 key (padding queries) output 0. q head h reads kv head h // (num_q_heads // num_kv_heads).
+
+Implementations (`impl`; "auto" asks `jaxrl_sys.backend`): "pallas" (the flash kernels here),
+"xla" (`attention_reference`), "cudnn" (`jax.nn.dot_product_attention`: cuDNN's fused attention
+on GPU, the GPU choice for bf16/fp16; on other backends it runs that function's XLA
+implementation, which is how the CPU tests check the wrapper).
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jaxrl_sys import backend
 from jaxrl_sys.kernels import dispatch
 from jaxrl_sys.kernels import flash_attention_pallas as fa_pallas
 
@@ -48,6 +54,44 @@ def attention_reference(q, k, v, *, segment_ids=None, causal=True, scale=None):
   return out.reshape(batch, seq, hq, d).astype(q.dtype)
 
 
+def attention_dpa(q, k, v, *, segment_ids=None, causal=True, scale=None, implementation=None):
+  """Same contract as `flash_attention`, through `jax.nn.dot_product_attention`.
+
+  Without segment ids this is the plain causal call. With them, rows that hold one segment
+  followed by right padding (the train batches' layout) go through cuDNN's own padding mask
+  (`query_seq_lengths`, no bias tensor); any other layout (left padding, packed segments) runs
+  the Pallas flash kernel on GPU (cuDNN would need a `[batch, 1, seq, seq]` bias and its
+  gradient) and a visibility mask elsewhere. The choice is a `lax.cond` on the whole batch.
+  Queries with no visible key (segment 0) output 0. `implementation`: "cudnn", "xla" or None
+  (jax's choice); default "cudnn" on GPU, "xla" elsewhere.
+  """
+  if implementation is None:
+    implementation = "cudnn" if backend.platform() == "gpu" else "xla"
+  if segment_ids is None:
+    return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal,
+                                        implementation=implementation)
+  seg = segment_ids.astype(jnp.int32)
+  lengths = jnp.sum(seg != 0, axis=1).astype(jnp.int32)
+  prefix = jnp.arange(seg.shape[1])[None, :] < lengths[:, None]
+  one_segment = jnp.all((seg != 0) == prefix) & jnp.all((seg == 0) | (seg == seg[:, :1]))
+  one_segment = one_segment & jnp.all(lengths > 0)
+
+  def padded(q, k, v):
+    return jax.nn.dot_product_attention(
+        q, k, v, scale=scale, is_causal=causal, query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths, implementation=implementation)
+
+  def general(q, k, v):
+    if implementation == "cudnn":
+      return flash_attention(q, k, v, segment_ids=seg, causal=causal, scale=scale, impl="pallas")
+    mask = attention_mask(seg, causal)[:, None]
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale,
+                                        implementation=implementation)
+
+  out = jax.lax.cond(one_segment, padded, general, q, k, v)
+  return jnp.where((seg != 0)[:, :, None, None], out, 0).astype(q.dtype)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _flash(q, k, v, seg, dm, cfg):
   return fa_pallas.forward(q, k, v, seg, dm=dm, cfg=cfg)[0]
@@ -80,7 +124,8 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     segment_ids: `[batch, seq]` int32; 0 = padding. None: one segment, no padding.
     causal: restrict key j to j <= i.
     scale: score scale; default head_dim ** -0.5 (a Python float).
-    impl: "auto" (Pallas on GPU, XLA elsewhere), "pallas" or "xla".
+    impl: "auto" (`jaxrl_sys.backend`: cuDNN on GPU for bf16/fp16 with head_dim <= 128, else
+      Pallas on GPU; XLA elsewhere), "pallas", "xla" or "cudnn" (`attention_dpa`).
     block_q: query tile of the Pallas kernels (power of two, >= 16).
     block_k: key tile of the Pallas kernels (power of two, >= 16).
     interpret: Pallas interpret mode; default True on CPU.
@@ -97,8 +142,11 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   if segment_ids is not None:
     chex.assert_shape(segment_ids, q.shape[:2])
   scale = q.shape[3] ** -0.5 if scale is None else float(scale)
-  if dispatch.resolve_impl(impl) == "xla":
+  which = backend.kernel_impl("flash_attention", impl, dtype=q.dtype, head_dim=q.shape[3])
+  if which == "xla":
     return attention_reference(q, k, v, segment_ids=segment_ids, causal=causal, scale=scale)
+  if which == "cudnn":
+    return attention_dpa(q, k, v, segment_ids=segment_ids, causal=causal, scale=scale)
   cfg = fa_pallas.Config(block_q, block_k, dispatch.resolve_interpret(interpret))
   dm = fa_pallas.dims(q, k, cfg, causal, scale)
   if segment_ids is None:

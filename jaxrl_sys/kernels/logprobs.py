@@ -4,9 +4,12 @@ For every token t with hidden state h_t and target y_t, with logits l = h_t @ W 
 
   logprob_t = l[y_t] - logsumexp(l),   entropy_t = logsumexp(l) - sum_v softmax(l)_v * l_v.
 
-Both paths stream over vocabulary chunks with an online logsumexp (running max m, sum of
-exp(l - m), and sum of exp(l - m) * l for the entropy), so peak memory is O(tokens x chunk).
-The custom VJP recomputes each chunk's logits in the backward pass; with p = softmax(l),
+Three paths (`impl`; "auto" asks `jaxrl_sys.backend`): "pallas" and "xla" stream over
+vocabulary chunks with an online logsumexp (running max m, sum of exp(l - m), and sum of
+exp(l - m) * l for the entropy), so peak memory is O(tokens x chunk); "xla_tokens"
+(`logprobs_tokens`, the GPU choice) walks token chunks with full-vocabulary GEMMs, peak memory
+O(token_chunk x vocab). The custom VJP recomputes each chunk's logits in the backward pass; with
+p = softmax(l),
 g_lp / g_ent the cotangents of logprob / entropy and E[l] = sum_v p_v l_v:
 
   d l_v = g_lp * (1[v == y] - p_v) - g_ent * p_v * (l_v - E[l]).
@@ -20,8 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxrl_sys.kernels import dispatch
-from jaxrl_sys.kernels import logprobs_pallas
+from jaxrl_sys import backend
+from jaxrl_sys.kernels import dispatch, logprobs_pallas, logprobs_tokens
 
 f32 = jnp.float32
 
@@ -109,27 +112,34 @@ def logprobs_reference(hidden, unembed, targets, *, temperature: float = 1.0):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _fused(hidden, unembed, targets, temperature, chunk_size, pallas_cfg):
-  out, _ = _fused_fwd(hidden, unembed, targets, temperature, chunk_size, pallas_cfg)
+def _fused(hidden, unembed, targets, temperature, chunk_size, plan):
+  out, _ = _fused_fwd(hidden, unembed, targets, temperature, chunk_size, plan)
   return out
 
 
-def _fused_fwd(hidden, unembed, targets, temperature, chunk_size, pallas_cfg):
-  if pallas_cfg is not None:
+def _fused_fwd(hidden, unembed, targets, temperature, chunk_size, plan):
+  """`plan`: a `logprobs_pallas.Config` (Pallas), ("tokens", token_chunk), or None (XLA)."""
+  if isinstance(plan, logprobs_pallas.Config):
     logp, ent, logz, mean = logprobs_pallas.forward(hidden, unembed, targets,
-                                                    temperature=temperature, cfg=pallas_cfg)
+                                                    temperature=temperature, cfg=plan)
+  elif plan is not None:
+    logp, ent, logz, mean = logprobs_tokens.forward(hidden, unembed, targets,
+                                                    temperature=temperature, token_chunk=plan[1])
   else:
     logp, ent, logz, mean = logprobs_xla_stats(hidden, unembed, targets, temperature=temperature,
                                                chunk_size=chunk_size)
   return (logp, ent), (hidden, unembed, targets, logz, mean)
 
 
-def _fused_bwd(temperature, chunk_size, pallas_cfg, res, cot):
+def _fused_bwd(temperature, chunk_size, plan, res, cot):
   hidden, unembed, targets, logz, mean = res
   g_lp, g_ent = (c.astype(f32) for c in cot)
-  if pallas_cfg is not None:
+  if isinstance(plan, logprobs_pallas.Config):
     dh, dw = logprobs_pallas.backward(hidden, unembed, targets, logz, mean, g_lp, g_ent,
-                                      temperature=temperature, cfg=pallas_cfg)
+                                      temperature=temperature, cfg=plan)
+  elif plan is not None:
+    dh, dw = logprobs_tokens.backward(hidden, unembed, targets, logz, mean, g_lp, g_ent,
+                                      temperature=temperature, token_chunk=plan[1])
   else:
     dh, dw = logprobs_xla_grads(hidden, unembed, targets, logz, mean, g_lp, g_ent,
                                 temperature=temperature, chunk_size=chunk_size)
@@ -142,7 +152,7 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 def fused_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
                    temperature: float = 1.0, chunk_size: int = 1024, impl: str = "auto",
                    interpret: bool | None = None, block_tokens: int = 64, block_vocab: int = 128,
-                   block_d: int = 64) -> tuple[jax.Array, jax.Array]:
+                   block_d: int = 64, token_chunk: int = 0) -> tuple[jax.Array, jax.Array]:
   """Log-probability of each target and entropy of softmax(hidden @ unembed / temperature).
 
   Never materialises `[tokens, vocab]` logits. Differentiable w.r.t. `hidden` and `unembed`
@@ -154,12 +164,15 @@ def fused_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
     targets: `[tokens]` int32 token ids in [0, vocab). An id outside that range (e.g. a -1
       padding id) gets a target logit of 0, so its logprob is -logsumexp: mask it in the loss.
     temperature: softmax temperature (a Python float; logits are divided by it).
-    chunk_size: vocabulary chunk of the XLA path (any value; the last chunk may be ragged).
-    impl: "auto" (Pallas on GPU, XLA elsewhere), "pallas" or "xla".
+    chunk_size: vocabulary chunk of the "xla" path (any value; the last chunk may be ragged).
+    impl: "auto" (`jaxrl_sys.backend`: "xla_tokens" on GPU, "xla" elsewhere), "pallas", "xla"
+      (vocabulary chunks) or "xla_tokens" (token chunks, full-vocabulary GEMMs).
     interpret: run the Pallas kernels in interpret mode; default: True on CPU.
     block_tokens: Pallas token tile (power of two).
     block_vocab: Pallas vocabulary tile (power of two).
     block_d: Pallas tile over the hidden dimension (power of two).
+    token_chunk: tokens per chunk of the "xla_tokens" path (0: `[chunk, vocab]` float32 logits
+      of at most 256 MiB, `logprobs_tokens.auto_token_chunk`).
 
   Returns:
     (logprobs `[tokens]` float32, entropy `[tokens]` float32).
@@ -173,9 +186,13 @@ def fused_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
   temperature = float(temperature)
   if not temperature > 0:
     raise ValueError(f"temperature must be > 0, got {temperature}")
-  pallas_cfg = None
-  if dispatch.resolve_impl(impl) == "pallas":
-    pallas_cfg = logprobs_pallas.Config(block_tokens, block_vocab, block_d,
-                                        dispatch.resolve_interpret(interpret))
-  return _fused(hidden, unembed, targets.astype(jnp.int32), temperature, int(chunk_size),
-                pallas_cfg)
+  if token_chunk < 0:
+    raise ValueError(f"token_chunk must be >= 0 (0 = auto), got {token_chunk}")
+  plan = None
+  which = backend.kernel_impl("fused_logprobs", impl)
+  if which == "pallas":
+    plan = logprobs_pallas.Config(block_tokens, block_vocab, block_d,
+                                  dispatch.resolve_interpret(interpret))
+  elif which == "xla_tokens":
+    plan = ("tokens", int(token_chunk))
+  return _fused(hidden, unembed, targets.astype(jnp.int32), temperature, int(chunk_size), plan)

@@ -75,13 +75,16 @@ class MoEConfig:
   shared_expert_gate: bool = False   # Qwen2-MoE style sigmoid gate on the shared expert
   expert_axis: str = "model"         # mesh axis of expert parallelism
   ep_dispatch: str = "dense"         # "dense" | "ragged" | "ragged_emulated"
-  grouped_matmul_impl: str = "xla"   # kernels.grouped_matmul impl ("xla" | "pallas" | "auto")
+  # kernels.grouped_matmul impl: "auto" (`jaxrl_sys.backend`: Pallas on GPU, ragged_dot
+  # elsewhere) | "pallas" | "xla" (jax.lax.ragged_dot) | "xla_tiled" (memory-safe XLA fallback)
+  grouped_matmul_impl: str = "auto"
 
   def __post_init__(self):
     choices = {"gating": ("softmax", "sigmoid"),
                "balancing": ("none", "aux_loss", "aux_free", "bip"),
                "bip_rule": ("midpoint", "kth"),
                "ep_dispatch": ("dense", "ragged", "ragged_emulated"),
+               "grouped_matmul_impl": ("auto", "pallas", "xla", "xla_tiled"),
                "implementation": ("auto", "ragged", "slots", "segments", "blocked",
                                   "dense", "expert_parallel")}
     for name, ok in choices.items():
@@ -125,7 +128,8 @@ class ModelConfig:
   attention_bias: bool = False       # Qwen2 q/k/v bias
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
-  attention_impl: str = "auto"       # "auto" (Pallas on GPU, XLA elsewhere) | "xla" | "pallas"
+  # "auto" (`jaxrl_sys.backend`: cuDNN / Pallas on GPU, XLA elsewhere) | "xla" | "pallas" | "cudnn"
+  attention_impl: str = "auto"
   moe: MoEConfig | None = None
   architecture: str = "Qwen2ForCausalLM"  # HF architecture name used on export
   bos_token_id: int | None = None
@@ -142,8 +146,9 @@ class ModelConfig:
     for name in ("param_dtype", "compute_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; use one of {list(_DTYPES)}")
-    if self.attention_impl not in ("auto", "xla", "pallas"):
-      raise ValueError(f"attention_impl must be auto|xla|pallas, got {self.attention_impl!r}")
+    if self.attention_impl not in ("auto", "xla", "pallas", "cudnn"):
+      raise ValueError(f"attention_impl must be auto|xla|pallas|cudnn, got "
+                       f"{self.attention_impl!r}")
     if isinstance(self.eos_token_id, list):
       object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
 

@@ -32,6 +32,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jaxrl_sys import backend
 from jaxrl_sys.models import moe_blocked, moe_experts, moe_routing, moe_segments, moe_slots
 from jaxrl_sys.models.config import ModelConfig, MoEConfig
 from jaxrl_sys.models.moe_routing import max_violation
@@ -110,11 +111,8 @@ def resolve_implementation(implementation: str, tokens: int, num_experts: int) -
   slots' one batched GEMM beats a loop of small chunks), "segments" above (training and prefill:
   exact work for any routing, where a skewed router would overflow the slots). Any other
   implementation is returned as it is."""
-  if implementation != "auto":
-    return implementation
-  if jax.default_backend() != "cpu":
-    return "ragged"
-  return "slots" if tokens * num_experts <= moe_slots.DENSE_FALLBACK_ROWS else "segments"
+  return backend.moe_implementation(implementation, tokens, num_experts,
+                                    slots_max_rows=moe_slots.DENSE_FALLBACK_ROWS)
 
 
 def routed_experts(p: dict, x: jax.Array, routing: moe_routing.Routing, m: MoEConfig) -> jax.Array:

@@ -50,17 +50,48 @@ class GenerateOutput(NamedTuple):
   finished: jax.Array
 
 
-def filter_logits(logits, top_k: int, top_p: float):
-  """Masks `logits [batch, vocab]` (already temperature-scaled) outside top-k / nucleus top-p."""
+# Nucleus (top-p) filtering first looks at this many largest logits (`jax.lax.top_k`) and sorts
+# the whole vocabulary only when they hold less than top_p of the probability mass.
+NUCLEUS_CANDIDATES = 1024
+
+
+def _nucleus_cutoff_sorted(logits, top_p: float):
+  """Per row, the smallest logit of the nucleus, from a full descending sort `[batch, 1]`."""
+  sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+  probs = jax.nn.softmax(sorted_logits, axis=-1)
+  cum_before = jnp.cumsum(probs, axis=-1) - probs
+  keep = cum_before < top_p
+  return jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+
+
+def _nucleus_cutoff(logits, top_p: float, candidates: int):
+  """`_nucleus_cutoff_sorted` without a full sort when it can: the nucleus is a prefix of the
+  descending order, so when the `candidates` largest logits hold >= top_p of the mass (under the
+  softmax of all logits) the prefix lies inside them and their cumulative sums are exact."""
+  vals = jax.lax.top_k(logits, candidates)[0]                       # [batch, c] descending
+  logz = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+  probs = jnp.exp(vals - logz)
+  cum_before = jnp.cumsum(probs, axis=-1) - probs
+  enough = cum_before[:, -1] + probs[:, -1] >= top_p
+  cutoff = jnp.min(jnp.where(cum_before < top_p, vals, jnp.inf), axis=-1, keepdims=True)
+  return jax.lax.cond(jnp.all(enough), lambda: cutoff,
+                      lambda: _nucleus_cutoff_sorted(logits, top_p))
+
+
+def filter_logits(logits, top_k: int, top_p: float,
+                  nucleus_candidates: int = NUCLEUS_CANDIDATES):
+  """Masks `logits [batch, vocab]` (already temperature-scaled) outside top-k / nucleus top-p.
+
+  The nucleus takes a `jax.lax.top_k` of `nucleus_candidates` logits and falls back to a full
+  sort only when those hold less than top_p of the mass (same result either way)."""
   if top_k > 0 and top_k < logits.shape[-1]:
     kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
     logits = jnp.where(logits < kth, -jnp.inf, logits)
   if top_p < 1.0:
-    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
-    probs = jax.nn.softmax(sorted_logits, axis=-1)
-    cum_before = jnp.cumsum(probs, axis=-1) - probs
-    keep = cum_before < top_p
-    cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    if 0 < nucleus_candidates < logits.shape[-1]:
+      cutoff = _nucleus_cutoff(logits, top_p, nucleus_candidates)
+    else:
+      cutoff = _nucleus_cutoff_sorted(logits, top_p)
     logits = jnp.where(logits < cutoff, -jnp.inf, logits)
   return logits
 

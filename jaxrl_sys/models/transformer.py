@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxrl_sys import backend
 from jaxrl_sys.models import kv_cache as kvc
 from jaxrl_sys.models.config import ModelConfig
 from jaxrl_sys.models.layers import (masked_attention, merge_new_token, rms_norm,
@@ -125,16 +126,12 @@ def _out_proj(p, out, dt):
   return token_matmul(out.astype(dt), p["wo"], contract=2)
 
 
-def _use_pallas(impl: str) -> bool:
-  from jaxrl_sys.kernels import dispatch  # pylint: disable=import-outside-toplevel
-  return dispatch.resolve_impl(impl) == "pallas"
-
-
 def _self_attention(q, k, v, seg, scale, impl):
-  if _use_pallas(impl):
+  which = backend.kernel_impl("flash_attention", impl, dtype=q.dtype, head_dim=q.shape[-1])
+  if which != "xla":
     from jaxrl_sys import kernels  # pylint: disable=import-outside-toplevel
     return kernels.flash_attention(q, k, v, segment_ids=seg, causal=True, scale=scale,
-                                   impl="pallas")
+                                   impl=which)
   return masked_attention(q, k, v, segment_causal_mask(seg, causal=True), scale)
 
 
@@ -142,7 +139,10 @@ def _decode_attention(q, k, v, kc, vc, kv_valid, lengths, new_valid, scale, impl
   """One new token per row (`q [b, 1, Hq, Dh]`, `k/v [b, 1, Hkv, Dh]`) attends to the cache
   `kc/vc [b, S, Hkv, Dh]` where `kv_valid [b, S]` (read-only; valid slots lie below
   `lengths [b]`) and to itself where `new_valid`."""
-  if _use_pallas(impl):   # valid slots lie below write_pos: the kernel skips blocks past it
+  if impl not in backend.KERNELS["decode_attention"]:
+    impl = "auto"          # "cudnn" names the training attention: decode picks its own
+  # Valid slots lie below write_pos: the Pallas kernel skips blocks past it.
+  if backend.uses_pallas("decode_attention", impl):
     from jaxrl_sys import kernels  # pylint: disable=import-outside-toplevel
     out, lse = kernels.decode_attention(q[:, 0], kc, vc, kv_valid, scale=scale, impl="pallas",
                                         lengths=jnp.minimum(lengths, kc.shape[1]),

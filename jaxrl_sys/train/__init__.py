@@ -1,6 +1,6 @@
-"""Trainer: the jitted GRPO-family step over a mesh, checkpoints, and the host RL loop.
+"""Trainer, in three sub-packages (imports run recipe -> loop -> step; see docs/architecture.md).
 
-Pure core:
+`step/`, the pure core:
 - `TrainState(step, params, opt_state, ref_params, moe_state, rng)`, `init_train_state`,
   `abstract_state`, `state_shardings`, `with_shardings` (restore targets on any mesh).
 - `train_step(state, batch[micro, rows, T]) -> (state, metrics)` and its pieces `init_accum`,
@@ -8,52 +8,56 @@ Pure core:
   one micro-batch as one program); `make_train_fns` jits them on a mesh
   (`TrainFns.step / init_accum / accumulate / apply / fused_step / put_batch`).
 - `TrainBatch`, `Sample`, `pack`, `stack`: completions -> fixed-shape padded arrays.
-- `make_optimizer` (clip -> AdamW(schedule) -> ESS scale), `make_schedule`.
-- Configs: `TrainConfig` (+ `train_config_for_algo`), `LoopConfig`, `OptimConfig`,
-  `CheckpointConfig`.
+- `make_optimizer` (clip -> AdamW(schedule) -> ESS scale), `make_schedule`; `TrainConfig`
+  (+ `train_config_for_algo`), `OptimConfig`.
 
-Side effects:
+`loop/`, the side effects:
 - `RLLoop(...).run() -> RunResult`: prompts -> rollout (any `RolloutClient`; in-process engine
   by default) -> rewards -> advantages -> train -> publish -> checkpoint; sync / one_off /
-  async (AReaL staleness), dynamic micro-batching, SIGTERM = save and stop.
+  async (AReaL staleness), dynamic micro-batching, SIGTERM = save and stop. `LoopConfig`.
 - `Checkpointer`: orbax async saves, keep-last-K, fingerprints, fallback from corrupt steps;
   `CheckpointMismatchError` when a checkpoint belongs to another run configuration.
+  `CheckpointConfig`.
 - `DivergenceGuard` / `DivergenceError`: a non-finite loss or gradient stops the run.
 - `RolloutBuffer`: in-flight groups and partial requests, serialised as arrays + JSON.
-- `RecipeConfig`, `build_recipe`, `run_recipe`: what `python -m experiments.grpo` runs, in
-  its own run directory (`prepare_run_dir`, `new_run_dir`).
-- `supervised_warmup`, `evaluate`, `PeriodicEval`, `load_model`, `MetricsLogger`, `Progress`,
-  `plot_history`.
+- `supervised_warmup`, `evaluate`, `PeriodicEval`, `MetricsLogger`, `Progress`, `plot_history`.
+
+`recipe/`, the composition root:
+- `RunConfig`: every run setting, one documented field of one section; the flags of
+  `python -m experiments.grpo` are generated from it. `RecipeConfig`: its flat façade.
+- `build_recipe`, `run_recipe`: what `python -m experiments.grpo` runs, in its own run
+  directory (`prepare_run_dir`, `new_run_dir`); `load_model`.
 """
-from jaxrl_sys.train.batch import Sample, TrainBatch, pack, stack
-from jaxrl_sys.train.buffer import RolloutBuffer
-from jaxrl_sys.train.checkpoint import Checkpointer, Restored, fingerprint
-from jaxrl_sys.train.compat import CheckpointMismatchError
-from jaxrl_sys.train.config import (ALGOS, MODES, CheckpointConfig, LoopConfig, OptimConfig,
-                                    TrainConfig, train_config_for_algo)
-from jaxrl_sys.train.evaluate import evaluate
-from jaxrl_sys.train.guard import DivergenceError, DivergenceGuard
-from jaxrl_sys.train.loop import RLLoop, RunResult
-from jaxrl_sys.train.metrics_log import MetricsLogger, Progress, plot_history
-from jaxrl_sys.train.optim import make_optimizer, make_schedule
-from jaxrl_sys.train.presets import load_model
-from jaxrl_sys.train.periodic_eval import PeriodicEval
-from jaxrl_sys.train.recipe import RecipeConfig, RecipeResult, build_recipe, run_recipe
-from jaxrl_sys.train.run_dir import new_run_dir, prepare_run_dir
-from jaxrl_sys.train.state import (TrainState, abstract_state, init_train_state, state_shardings,
-                                   with_shardings)
-from jaxrl_sys.train.step import (Accum, TrainFns, accumulate, apply, fused_step, init_accum,
-                                  make_train_fns, token_logprobs, train_step)
-from jaxrl_sys.train.supervised import supervised_warmup
+from jaxrl_sys.train.step.batch import Sample, TrainBatch, pack, stack
+from jaxrl_sys.train.loop.buffer import RolloutBuffer
+from jaxrl_sys.train.loop.checkpoint import Checkpointer, Restored, fingerprint
+from jaxrl_sys.train.loop.compat import CheckpointMismatchError
+from jaxrl_sys.train.step.config import ALGOS, OptimConfig, TrainConfig, train_config_for_algo
+from jaxrl_sys.train.loop.config import MODES, CheckpointConfig, LoopConfig
+from jaxrl_sys.train.loop.evaluate import evaluate
+from jaxrl_sys.train.loop.guard import DivergenceError, DivergenceGuard
+from jaxrl_sys.train.loop.rl_loop import RLLoop, RunResult
+from jaxrl_sys.train.loop.metrics_log import MetricsLogger, Progress, plot_history
+from jaxrl_sys.train.step.optim import make_optimizer, make_schedule
+from jaxrl_sys.train.recipe.presets import load_model
+from jaxrl_sys.train.loop.periodic_eval import PeriodicEval
+from jaxrl_sys.train.recipe.build import RecipeConfig, RecipeResult, build_recipe, run_recipe
+from jaxrl_sys.train.recipe.run_config import RunConfig
+from jaxrl_sys.train.recipe.run_dir import new_run_dir, prepare_run_dir
+from jaxrl_sys.train.step.state import (TrainState, abstract_state, init_train_state,
+                                        state_shardings, with_shardings)
+from jaxrl_sys.train.step.update import (Accum, TrainFns, accumulate, apply, fused_step, init_accum,
+                                         make_train_fns, token_logprobs, train_step)
+from jaxrl_sys.train.loop.supervised import supervised_warmup
 
 __all__ = [
     "ALGOS", "Accum", "CheckpointConfig", "CheckpointMismatchError", "Checkpointer",
     "DivergenceError", "DivergenceGuard", "LoopConfig", "MODES", "MetricsLogger", "OptimConfig",
     "PeriodicEval", "Progress", "RLLoop", "RecipeConfig", "RecipeResult", "Restored",
-    "RolloutBuffer", "RunResult", "Sample", "TrainBatch", "TrainConfig", "TrainFns", "TrainState",
-    "abstract_state", "accumulate", "apply", "build_recipe", "evaluate", "fingerprint",
-    "fused_step", "init_accum", "init_train_state", "load_model", "make_optimizer", "make_schedule",
-    "make_train_fns", "new_run_dir", "pack", "plot_history", "prepare_run_dir", "run_recipe",
-    "stack", "state_shardings", "supervised_warmup", "token_logprobs", "train_config_for_algo",
-    "train_step", "with_shardings",
+    "RolloutBuffer", "RunConfig", "RunResult", "Sample", "TrainBatch", "TrainConfig", "TrainFns",
+    "TrainState", "abstract_state", "accumulate", "apply", "build_recipe", "evaluate",
+    "fingerprint", "fused_step", "init_accum", "init_train_state", "load_model", "make_optimizer",
+    "make_schedule", "make_train_fns", "new_run_dir", "pack", "plot_history", "prepare_run_dir",
+    "run_recipe", "stack", "state_shardings", "supervised_warmup", "token_logprobs",
+    "train_config_for_algo", "train_step", "with_shardings",
 ]

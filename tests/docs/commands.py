@@ -135,7 +135,7 @@ COVERAGE = {
     """transformers.AutoModelForCausalLM.from_pretrained('runs/hf-demo/hf')\"""": Run(
         f"{_RUNS}::test_hf_model_train_export_and_load", "paths in a temporary directory"),
     "XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.grpo --mesh=2x4":
-        Mapped("tests/train/test_loop.py::test_mesh_2x4_matches_1x1",
+        Mapped("tests/train/loop/test_loop.py::test_mesh_2x4_matches_1x1",
              "the 2x4 mesh on 8 fake CPU devices, 3 steps"),
     "python -m experiments.grpo --helpfull": Run(f"{_CMDS}::test_cheap_commands_run"),
     "python -m experiments.grpo --steps=40 --save_every=1 --mode=async --max_staleness=1": Mapped(

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from jaxrl_sys.train.rollout_setup import RolloutSetup, check_ray_resources
+from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup, check_ray_resources
 from tests.experiments.test_grpo_cli import _run
 
 pytestmark = pytest.mark.xdist_group("ray")

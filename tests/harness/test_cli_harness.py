@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
+from jaxrl_sys.train.recipe import config_file
 from tests.experiments.test_grpo_cli import BASE, REPO, _env, _params
 
 SHAPES = [a for a in BASE if not a.startswith(("--sft_steps", "--progress"))]
@@ -74,7 +75,7 @@ def test_config_file_round_trip(tmp_path):
   rc, err = _cli(compile_cache + [f"--config={tmp_path / 'c.yaml'}",
                                   f"--out_dir={tmp_path / 'a'}"])
   assert rc == 0, err
-  written = json.load(open(tmp_path / "a" / "config.json"))
+  written = config_file.short_names(json.load(open(tmp_path / "a" / "config.json")))
   assert {k: written[k] for k in cfg} == cfg
   assert "out_dir" not in written and "checkpoint_dir" not in written
   # the command line wins over the file (which says steps: 2)

@@ -11,7 +11,7 @@ import torch
 from jaxrl_sys import models
 from jaxrl_sys.tasks import CharTokenizer
 from jaxrl_sys.train import recipe as recipe_lib
-from jaxrl_sys.train.presets import MATH_CHARS, load_model
+from jaxrl_sys.train.recipe.presets import MATH_CHARS, load_model
 from tests.models.hf_fixtures import make_hf_model
 from tests.train.common import quick
 
@@ -65,7 +65,7 @@ def test_chat_template_matches_transformers(tmp_path):
   raw = load_model(d, chat_template=False).tokenizer
   assert raw.encode("3+4=", bos=True) == [1] + ref("3+4=", add_special_tokens=False).input_ids
   # A prompt that fits raw but not templated: the error says the template made it long.
-  from jaxrl_sys.train.groups import encode_prompt
+  from jaxrl_sys.train.loop.groups import encode_prompt
   assert len(encode_prompt(raw, "3+4=", 5)) == 5
   with pytest.raises(ValueError, match="chat template applied .*--nochat_template"):
     encode_prompt(ours, "3+4=", 5)

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from jaxrl_sys.train import recipe as recipe_lib
-from jaxrl_sys.train.checkpoint import Checkpointer
-from jaxrl_sys.train.compat import CheckpointMismatchError
-from jaxrl_sys.train.config import CheckpointConfig
-from jaxrl_sys.train.guard import DivergenceError
+from jaxrl_sys.train.loop.checkpoint import Checkpointer
+from jaxrl_sys.train.loop.compat import CheckpointMismatchError
+from jaxrl_sys.train.loop.config import CheckpointConfig
+from jaxrl_sys.train.loop.guard import DivergenceError
 from tests.train.common import quick
 
 
@@ -100,10 +100,10 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   assert f"last good checkpoint is step {bad - 1}" in str(e.value)
   assert not os.path.exists(os.path.join(out, "final_params.npz"))
   rec = recipe_lib.build_recipe(quick(steps=30, out_dir=out, progress=False))
-  from jaxrl_sys.train.loop import RLLoop
+  from jaxrl_sys.train.loop.rl_loop import RLLoop
   loop = RLLoop(rec.model.config, rec.train, rec.loop, rec.task, rec.model.tokenizer,
                 recipe_lib.recipe_mesh(rec.mesh_spec))
-  from jaxrl_sys.train.state import state_shardings, with_shardings
+  from jaxrl_sys.train.step.state import state_shardings, with_shardings
   target = with_shardings(loop.abstract, state_shardings(loop.abstract, loop.mc, loop.optimizer,
                                                          loop.mesh))
   ckpt = Checkpointer(CheckpointConfig(directory=ck))

@@ -5,8 +5,10 @@ import os
 
 import pytest
 
-from jaxrl_sys.train import config_file, recipe as recipe_lib, run_dir
-from jaxrl_sys.train.metrics_log import Progress
+from jaxrl_sys.train.recipe import config_file
+from jaxrl_sys.train import recipe as recipe_lib
+from jaxrl_sys.train.recipe import run_dir
+from jaxrl_sys.train.loop.metrics_log import Progress
 from tests.train.common import quick
 
 

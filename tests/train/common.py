@@ -6,7 +6,7 @@ through the persistent compilation cache (2 CPU cores: compiling dominates the t
 """
 import dataclasses
 
-from jaxrl_sys.train.recipe import RecipeConfig
+from jaxrl_sys.train.recipe.build import RecipeConfig
 
 QUICK = RecipeConfig(steps=3, prompts_per_step=4, group_size=4, micro_batch_groups=16,
                      sft_steps=0, save_every=1, progress=False, lr_warmup_steps=0)

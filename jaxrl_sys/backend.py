@@ -1,0 +1,171 @@
+"""Which implementation runs on which backend: the one place that reads `jax.default_backend()`.
+
+Every "auto" choice of the library goes through this module:
+
+- `kernel_impl(kernel, impl)`: the implementation of a kernel (`KERNELS`), from `AUTO` per
+  backend. The GPU choices follow the H100 measurements of issue 27 (jax 0.11.2, bf16):
+  fused log-probs "xla_tokens" (token chunks, full vocabulary per chunk on the vendor GEMM;
+  the Pallas kernel was 5x slower fwd+bwd than naive), flash attention "cudnn"
+  (`jax.nn.dot_product_attention`: 1.36 ms fwd+bwd vs Pallas 1.75 ms; bf16/fp16 and
+  head_dim <= 128 only, otherwise Pallas), decode attention "pallas", grouped matmul "pallas"
+  (gmm/tgmm under a custom_vjp: 3.8 ms fwd+bwd vs `ragged_dot` 75.6 ms and 44 GiB temp).
+  CPU and TPU run the plain-XLA paths (the kernels use Triton-style masked loads).
+- `moe_implementation(tokens, num_experts)`: the routed-expert path of `MoEConfig(
+  implementation="auto")`.
+- `local_engine_count(...)`: engines of the embedded rollout (`train.rollout_setup`).
+- `mesh_devices(size)`: the devices a mesh of `size` devices is built on (`train.recipe`).
+
+Each function takes `backend=` (a platform name: "cpu", "gpu", "tpu"; "cuda"/"rocm" count as
+"gpu") so the choice table can be tested without the hardware; None reads the default backend.
+The module imports nothing at import time (jax is imported when a backend is first read).
+"""
+from __future__ import annotations
+
+import os
+
+# Implementations of each kernel that callers may request ("auto" picks one per backend).
+KERNELS: dict[str, tuple[str, ...]] = {
+    "fused_logprobs": ("pallas", "xla", "xla_tokens"),
+    "flash_attention": ("pallas", "xla", "cudnn"),
+    "decode_attention": ("pallas", "xla"),
+    "grouped_matmul": ("pallas", "xla", "xla_tiled"),
+}
+
+# `impl="auto"` per backend. "xla" fused log-probs stream over vocabulary chunks (CPU);
+# "xla" grouped matmul is `jax.lax.ragged_dot` (XLA:CPU runs it per group without densifying).
+AUTO: dict[str, dict[str, str]] = {
+    "cpu": {"fused_logprobs": "xla", "flash_attention": "xla", "decode_attention": "xla",
+            "grouped_matmul": "xla"},
+    "gpu": {"fused_logprobs": "xla_tokens", "flash_attention": "cudnn",
+            "decode_attention": "pallas", "grouped_matmul": "pallas"},
+    "tpu": {"fused_logprobs": "xla", "flash_attention": "xla", "decode_attention": "xla",
+            "grouped_matmul": "xla"},
+}
+# Where a choice cannot serve the call (dtype, head size), the next one.
+FALLBACK = {("flash_attention", "cudnn"): "pallas"}
+# cuDNN fused attention: half-precision inputs, head_dim a multiple of 8 up to 128.
+CUDNN_DTYPES = ("bfloat16", "float16")
+CUDNN_MAX_HEAD_DIM = 128
+
+# MoE on CPU: "slots" up to this many token x expert rows (decode), "segments" above
+# (`models.moe_slots.DENSE_FALLBACK_ROWS` passes the same figure).
+MOE_SLOTS_MAX_ROWS = 4096
+# Embedded rollout: two engines on a >= 2-core CPU host when each keeps this many slots.
+MIN_SLOTS_PER_LOCAL_ENGINE = 32
+
+_ALIASES = {"cuda": "gpu", "rocm": "gpu"}
+
+
+def platform(backend: str | None = None) -> str:
+  """The backend's platform name ("cpu", "gpu", "tpu", ...); None: `jax.default_backend()`."""
+  if backend is None:
+    import jax  # pylint: disable=import-outside-toplevel
+    backend = jax.default_backend()
+  backend = str(backend).lower()
+  return _ALIASES.get(backend, backend)
+
+
+def _table(backend: str) -> dict[str, str]:
+  # An unknown backend (a plugin) runs the XLA paths, as CPU does.
+  return AUTO.get(backend, AUTO["cpu"])
+
+
+def kernel_impl(kernel: str, impl: str = "auto", *, backend: str | None = None,
+                dtype=None, head_dim: int | None = None) -> str:
+  """The implementation of `kernel` that runs for a requested `impl`.
+
+  Args:
+    kernel: one of `KERNELS`.
+    impl: "auto" or one of `KERNELS[kernel]` (returned as it is).
+    backend: platform name; None: the default backend.
+    dtype: input dtype (name or numpy/jax dtype) where the choice depends on it (cuDNN
+      attention needs bfloat16/float16).
+    head_dim: attention head size, where the choice depends on it.
+
+  Returns:
+    One of `KERNELS[kernel]`.
+  """
+  if kernel not in KERNELS:
+    raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(KERNELS)}")
+  allowed = ("auto",) + KERNELS[kernel]
+  if impl not in allowed:
+    raise ValueError(f"impl for {kernel} must be one of {allowed}, got {impl!r}")
+  if impl != "auto":
+    return impl
+  choice = _table(platform(backend))[kernel]
+  if (kernel, choice) == ("flash_attention", "cudnn") and not cudnn_attention_ok(dtype, head_dim):
+    choice = FALLBACK[(kernel, choice)]
+  return choice
+
+
+def cudnn_attention_ok(dtype, head_dim: int | None) -> bool:
+  """Whether cuDNN fused attention serves inputs of `dtype` and `head_dim` (None: unknown, ok)."""
+  if dtype is not None:
+    name = getattr(dtype, "name", None) or getattr(getattr(dtype, "dtype", None), "name", None)
+    if (name or str(dtype)) not in CUDNN_DTYPES:
+      return False
+  return head_dim is None or (head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM)
+
+
+def uses_pallas(kernel: str, impl: str = "auto", **kw) -> bool:
+  """True when `kernel_impl(kernel, impl, **kw)` is the Pallas kernel."""
+  return kernel_impl(kernel, impl, **kw) == "pallas"
+
+
+def pallas_interpret(backend: str | None = None) -> bool:
+  """True where Pallas kernels can only run in interpret mode (CPU and unknown backends)."""
+  return platform(backend) not in ("gpu",)
+
+
+def moe_implementation(implementation: str, tokens: int, num_experts: int, *,
+                       slots_max_rows: int = MOE_SLOTS_MAX_ROWS,
+                       backend: str | None = None) -> str:
+  """The routed-expert path for `MoEConfig.implementation` at `tokens` rows of `num_experts`.
+
+  "auto": "ragged" (grouped matmul, `kernel_impl("grouped_matmul")`) off CPU; on CPU "slots"
+  up to `slots_max_rows` token x expert rows (decode) and "segments" above (training and
+  prefill: exact work for any routing). Any other implementation is returned as it is.
+  """
+  if implementation != "auto":
+    return implementation
+  if platform(backend) != "cpu":
+    return "ragged"
+  return "slots" if tokens * num_experts <= slots_max_rows else "segments"
+
+
+def local_engine_count(requested: int, num_slots: int, *, backend: str | None = None,
+                       cpu_count: int | None = None) -> int:
+  """Engines of the embedded rollout: `requested` (capped at `num_slots`), or for 0 (auto) two
+  on a CPU host with >= 2 cores when each keeps >= `MIN_SLOTS_PER_LOCAL_ENGINE` slots (one
+  engine's small decode ops leave a core idle there), else one (an accelerator runs one
+  engine's batch best)."""
+  if requested:
+    return min(requested, num_slots)
+  cores = (os.cpu_count() or 1) if cpu_count is None else cpu_count
+  if platform(backend) == "cpu" and cores >= 2 and num_slots >= 2 * MIN_SLOTS_PER_LOCAL_ENGINE:
+    return 2
+  return 1
+
+
+def mesh_on_cpu(size: int, accelerators: int, cpus: int, *, backend: str | None = None) -> bool:
+  """Whether a mesh of `size` devices goes on the CPU devices: the default backend is an
+  accelerator with fewer than `size` devices and there are enough (fake) CPU devices."""
+  return platform(backend) != "cpu" and size > accelerators and cpus >= size
+
+
+def mesh_devices(size: int) -> list:
+  """The devices a mesh of `size` is built on: the default backend's, or the CPU devices
+  (faked by `--xla_force_host_platform_device_count`) when `mesh_on_cpu`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  devices = jax.devices()
+  if platform() != "cpu" and size > len(devices):
+    cpus = jax.devices("cpu")
+    if mesh_on_cpu(size, len(devices), len(cpus)):
+      return list(cpus)
+  return list(devices)
+
+
+def describe(backend: str | None = None) -> dict[str, str]:
+  """The "auto" choice of every kernel on `backend` (for benchmark reports)."""
+  name = platform(backend)
+  return {"backend": name, **_table(name)}

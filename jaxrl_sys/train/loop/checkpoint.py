@@ -1,0 +1,177 @@
+"""Orbax checkpoints of the train state plus the loop's host state, with corruption fallback.
+
+One checkpoint step holds two items:
+  state: the `TrainState` leaves (params, optimizer, reference copy, MoE balancing state, rng,
+    step), written by `StandardSave` (asynchronously by default);
+  meta: JSON: the step, a fingerprint of every state leaf, and the loop's host state (data
+    position, admission counters, the serialised rollout buffer: plain arrays + JSON).
+
+The metadata also records the run's identity (`CheckpointConfig.identity`) and the state's
+layout (leaf shapes and dtypes). Restoring takes a target of ShapeDtypeStructs carrying the
+*new* shardings, so a checkpoint written on one mesh restores onto any other. The latest step is
+tried first. A checkpoint of another configuration (identity or layout differ) raises
+`CheckpointMismatchError` naming the differences and is left alone; only a real read failure
+(orbax raises on truncated or missing files) or a fingerprint mismatch (silent corruption)
+renames the step directory aside with a warning and tries the previous step.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import NamedTuple
+
+import jax
+import orbax.checkpoint as ocp
+
+from jaxrl_sys.train.loop.compat import CheckpointMismatchError, check_compatible, state_layout
+from jaxrl_sys.train.loop.config import CheckpointConfig
+from jaxrl_sys.train.step.state import TrainState
+from jaxrl_sys.utils.fingerprint import fingerprint
+
+log = logging.getLogger(__name__)
+_FIELDS = TrainState._fields
+
+
+class Restored(NamedTuple):
+  """A restored checkpoint: the step, the state (on the target's shardings), the host dict,
+  and one line per newer step that could not be read and was moved aside (`skipped`)."""
+  step: int
+  state: TrainState
+  host: dict
+  skipped: tuple[str, ...] = ()
+
+
+class CorruptCheckpointError(RuntimeError):
+  """A checkpoint whose contents do not match the fingerprint stored beside it."""
+
+
+def state_to_dict(state: TrainState) -> dict:
+  """The state as a dict without its None fields (orbax writes no empty items)."""
+  return {k: v for k, v in state._asdict().items() if v is not None}
+
+
+def state_from_dict(d: dict) -> TrainState:
+  return TrainState(**{k: d.get(k) for k in _FIELDS})
+
+
+class Checkpointer:
+  """Async orbax `CheckpointManager` with keep-last-K, fingerprints and fallback on restore."""
+
+  def __init__(self, config: CheckpointConfig):
+    if config.directory is None:
+      raise ValueError("Checkpointer needs CheckpointConfig.directory")
+    self.config = config
+    self.directory = os.path.abspath(config.directory)
+    os.makedirs(self.directory, exist_ok=True)
+    self._mngr = self._open()
+
+  def _open(self):
+    opts = ocp.CheckpointManagerOptions(max_to_keep=self.config.keep, save_interval_steps=1,
+                                        enable_async_checkpointing=self.config.async_save,
+                                        create=True, cleanup_tmp_directories=True)
+    return ocp.CheckpointManager(self.directory, options=opts)
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._mngr.all_steps())
+
+  def latest_step(self) -> int | None:
+    return self._mngr.latest_step()
+
+  def save(self, state: TrainState, host: dict, *, force: bool = False) -> bool:
+    """Saves `state` under its step (asynchronously unless configured otherwise).
+
+    Args:
+      state: the train state; `int(state.step)` names the checkpoint.
+      host: JSON-serialisable loop state (data position, counters, serialised buffer).
+      force: save even if orbax's policy would skip this step (e.g. on preemption).
+
+    Returns:
+      True if a save was started.
+    """
+    step = int(jax.device_get(state.step))
+    if step in self._mngr.all_steps():
+      return False
+    meta = {"format": 1, "step": step, "host": host, "saved_at": time.time(),
+            "identity": self.config.identity, "layout": state_layout(state_to_dict(state))}
+    if self.config.checksum:
+      meta["fingerprint"] = fingerprint(state_to_dict(state))
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state_to_dict(state)),
+                              meta=ocp.args.JsonSave(meta))
+    return bool(self._mngr.save(step, args=args, force=force))
+
+  def wait(self) -> None:
+    """Blocks until background writes are committed."""
+    self._mngr.wait_until_finished()
+
+  def close(self) -> None:
+    self._mngr.wait_until_finished()
+    self._mngr.close()
+
+  def _read_meta(self, step: int) -> dict:
+    meta = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    if not isinstance(meta, dict) or int(meta.get("step", -1)) != step:
+      raise CorruptCheckpointError(f"checkpoint {step}: metadata names step "
+                                   f"{meta.get('step') if isinstance(meta, dict) else meta}")
+    return meta
+
+  def _restore_step(self, step: int, target: TrainState) -> Restored:
+    meta = self._read_meta(step)
+    check_compatible(step, self.directory, meta, self.config.identity,
+                     state_layout(state_to_dict(target)))
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(state_to_dict(target)))
+    state = state_from_dict(dict(self._mngr.restore(step, args=args)["state"]))
+    expected = meta.get("fingerprint")
+    if expected is not None and fingerprint(state_to_dict(state)) != list(expected):
+      raise CorruptCheckpointError(f"checkpoint {step}: state does not match its fingerprint")
+    return Restored(step, state, meta.get("host", {}))
+
+  def restore(self, target: TrainState, step: int | None = None) -> Restored | None:
+    """Restores the newest readable checkpoint onto `target`'s shardings.
+
+    Args:
+      target: `TrainState` of ShapeDtypeStructs with shardings (`state.with_shardings`); its
+        None fields (no reference copy / dense model) must match the saved state.
+      step: a specific step (no fallback); default: latest, falling back to older ones.
+
+    Returns:
+      `Restored` (its `skipped` lists the newer steps moved aside) or None when the directory
+      holds no usable checkpoint.
+
+    Raises:
+      CheckpointMismatchError: the newest readable checkpoint was written by a run with another
+        configuration (`CheckpointConfig.identity`) or state layout; nothing is moved.
+    """
+    self.wait()
+    steps = [step] if step is not None else sorted(self._mngr.all_steps(), reverse=True)
+    skipped: list[str] = []
+    for s in steps:
+      try:
+        got = self._restore_step(s, target)
+        return got._replace(skipped=tuple(skipped))
+      except CheckpointMismatchError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        if step is not None:
+          raise
+        moved = self._quarantine(s)
+        note = (f"checkpoint at step {s} is unreadable or corrupt ({type(e).__name__}: "
+                f"{str(e)[:200]}); moved it to {moved}")
+        log.warning("%s in %s; trying the previous one", note, self.directory)
+        skipped.append(note)
+    return None
+
+  def _quarantine(self, step: int) -> str:
+    """Renames a bad step directory aside so a later save of that step does not collide."""
+    src = None
+    for name in os.listdir(self.directory):
+      if name.split(".")[0] == str(step) and os.path.isdir(os.path.join(self.directory, name)):
+        src = os.path.join(self.directory, name)
+        if name == str(step):
+          break
+    if src is None:
+      return "(not found)"
+    dst = os.path.join(self.directory, f"corrupt_{step}_{int(time.time() * 1000)}")
+    os.rename(src, dst)
+    self._mngr.reload()
+    return dst

@@ -1,0 +1,366 @@
+"""The pure, jitted train step: micro-batched gradient accumulation over a device mesh.
+
+    step(state, batch[micro, rows, T]) -> (state, metrics)
+
+is `apply(state, fold(accumulate, init_accum(state), micro-batches))`. The three pieces are
+also exposed (jitted) so the host loop can accumulate a micro-batch as soon as its responses
+are complete (dynamic micro-batching) and apply once at the end of the step.
+
+Global normalisation: each micro-batch contributes the gradient of its loss *numerator*
+(`policy_loss(..., denominator=1)`) and its denominator (`loss_denominator`); `apply` divides
+the summed gradient by the summed denominator, which equals the gradient of
+`sum(numerators) / sum(denominators)`, the full-batch loss, however the batch was split.
+
+Per token: log-probs and entropy come from `kernels.fused_logprobs(hidden, unembed, targets,
+temperature)` at the sampling temperature, over the batch's scoring window (`batch.pack`): the
+response positions, not the prompt's. The proximal policy of the decoupled loss is the
+parameters before this update (one optimizer update per step), i.e. `stop_gradient` of the
+same forward pass; the behaviour policy is the rollout engine's log-probs. The reference
+policy (KL) is a frozen copy in the state, skipped when the KL coefficient is 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxrl_sys import kernels
+from jaxrl_sys.losses.aggregation import loss_denominator
+from jaxrl_sys.losses.ess import ess_lr_scale, sequence_log_weights
+from jaxrl_sys.losses.policy import policy_loss
+from jaxrl_sys.models import ModelConfig, forward, unembedding
+from jaxrl_sys.sharding import DEFAULT_RULES, Rules, logical_to_spec
+from jaxrl_sys.sharding.axes import BATCH
+from jaxrl_sys.train.step.batch import TrainBatch
+from jaxrl_sys.train.step.config import TrainConfig
+from jaxrl_sys.train.step.state import TrainState, state_shardings
+
+# Token-weighted means accumulated across micro-batches (keys of policy_loss's aux).
+_TOKEN_MEANS = ("kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl",
+                "ratio_mean", "behav_weight_mean", "behav_weight_capped_frac",
+                "behav_logprob_abs_diff")
+# MoE aux entries that are state (not sums) across micro-batches.
+_MOE_LATEST = ("q",)
+
+
+class Accum(NamedTuple):
+  """Running sums over the micro-batches of one step.
+
+  grads: parameter-shaped float32 sum of numerator gradients; denominator: float32 `[]`;
+  sums: dict of float32 `[]` (token-weighted metric sums, `num_tokens`, `pg_numerator`, ...);
+  lse_w / lse_w2: running logsumexp of the sequence log importance weights (and twice them)
+  for the ESS; moe_aux: summed MoE auxiliary statistics (None for a dense model).
+  """
+  grads: Any
+  denominator: jax.Array
+  sums: dict
+  lse_w: jax.Array
+  lse_w2: jax.Array
+  moe_aux: Any
+
+
+def _moe():
+  from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
+  return moe
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def score_window(hidden, start, width: int):
+  """`hidden [rows, T, d]` at positions `start[:, None] + arange(width)` -> `[rows, width, d]`.
+
+  The caller guarantees `start + width <= T` (`batch.pack` checks it). The backward is a gather
+  too (position t of row r takes window entry `t - start[r]`, or 0 outside the window), not
+  the scatter-add autodiff would emit.
+  """
+  pos = start[:, None] + jnp.arange(width, dtype=start.dtype)[None, :]
+  return jnp.take_along_axis(hidden, pos[..., None], axis=1)
+
+
+def _score_window_fwd(hidden, start, width):
+  return score_window(hidden, start, width), (start, hidden.shape[1])
+
+
+def _score_window_bwd(width, res, g):
+  start, t = res
+  j = jnp.arange(t, dtype=start.dtype)[None, :] - start[:, None]             # [rows, T]
+  inside = (j >= 0) & (j < width)
+  dh = jnp.take_along_axis(g, jnp.clip(j, 0, width - 1)[..., None], axis=1)
+  return jnp.where(inside[..., None], dh, 0).astype(g.dtype), None
+
+
+score_window.defvjp(_score_window_fwd, _score_window_bwd)
+
+
+def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig, batch: TrainBatch,
+                   moe_state=None):
+  """Log-probs and entropy of `batch.targets` under `params`, on the scoring window only (no
+  logits at the prompt positions before it).
+
+  Returns:
+    (logprobs `[rows, W]` float32, entropy `[rows, W]` float32, MoE aux dict).
+  """
+  out = forward(params, model_config, batch.tokens, attention_mask=batch.attention_mask,
+                moe_state=moe_state,
+                unroll_layers=model_config.num_layers <= train_config.unroll_layers_max)
+  rows, t, d = out.hidden.shape
+  w = batch.targets.shape[1]
+  hidden = out.hidden if w == t else score_window(out.hidden, batch.score_start, w)
+  lp, ent = kernels.fused_logprobs(
+      hidden.reshape(rows * w, d), unembedding(params, model_config),
+      batch.targets.reshape(rows * w), temperature=train_config.temperature,
+      chunk_size=train_config.logprob_chunk, impl=train_config.logprob_impl)
+  return lp.reshape(rows, w), ent.reshape(rows, w), out.aux
+
+
+def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelConfig,
+                train_config: TrainConfig):
+  tc = train_config
+  fn = token_logprobs
+  if tc.remat:
+    fn = jax.checkpoint(token_logprobs, static_argnums=(1, 2))
+  lp, ent, moe_aux = fn(params, model_config, tc, mb, state.moe_state)
+  mask = mb.loss_mask
+  ref = None
+  if state.ref_params is not None:
+    ref, _, _ = token_logprobs(state.ref_params, model_config, tc, mb, state.moe_state)
+    ref = jax.lax.stop_gradient(ref)
+  prox = jax.lax.stop_gradient(lp)
+  out = policy_loss(lp, prox, mb.advantages, mask, config=tc.loss, ref_logprobs=ref,
+                    behav_logprobs=mb.behav_logprobs if tc.loss.decoupled else None,
+                    entropy=ent, denominator=jnp.ones([], jnp.float32))
+  den = loss_denominator(mask, tc.loss.aggregation,
+                         constant_length=tc.loss.drgrpo_constant_length)
+  numerator = out.numerator
+  if model_config.moe is not None:
+    # Switch-style balancing loss (0 unless balancing == "aux_loss"), weighted by this
+    # micro-batch's denominator so it averages over the step like the policy term.
+    numerator = numerator + _moe().moe_aux_loss(moe_aux) * den
+  log_w = sequence_log_weights(prox, mb.behav_logprobs, mask)
+  # Trainer vs rollout-engine log-prob mismatch (staleness plus numerics), token mean.
+  aux = dict(out.aux, behav_logprob_abs_diff=jnp.sum(
+      jnp.where(mask != 0, jnp.abs(prox - mb.behav_logprobs), 0)) / jnp.maximum(
+          out.aux["num_tokens"], 1).astype(jnp.float32))
+  return numerator, (aux, den, log_w, jax.lax.stop_gradient(moe_aux))
+
+
+def init_accum(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
+               train_config: TrainConfig) -> Accum:
+  """Zero sums; `mb` (one micro-batch, or its ShapeDtypeStructs) only gives the MoE aux shapes."""
+  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+  moe_aux = None
+  if model_config.moe is not None:
+    shapes = jax.eval_shape(lambda p, b: token_logprobs(p, model_config, train_config, b,
+                                                        state.moe_state)[2], state.params, mb)
+    moe_aux = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+  keys = _TOKEN_MEANS + ("loss_numerator", "num_tokens", "num_sequences", "pg_numerator",
+                         "off_policy_tokens", "staleness_sum")
+  sums = {k: jnp.zeros([], jnp.float32) for k in keys}
+  sums["ratio_max"] = jnp.zeros([], jnp.float32)
+  ninf = jnp.full([], -jnp.inf, jnp.float32)
+  return Accum(zeros, jnp.zeros([], jnp.float32), sums, ninf, ninf, moe_aux)
+
+
+def accumulate(state: TrainState, acc: Accum, mb: TrainBatch, *, model_config: ModelConfig,
+               train_config: TrainConfig) -> Accum:
+  """Adds one micro-batch `[rows, T]` to the running sums (pure)."""
+  grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
+  (numerator, (aux, den, log_w, moe_aux)), grads = grad_fn(state.params, state, mb, model_config,
+                                                            train_config)
+  grads = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc.grads, grads)
+  valid = mb.loss_mask != 0
+  ntok = aux["num_tokens"].astype(jnp.float32)
+  sums = dict(acc.sums)
+  for k in _TOKEN_MEANS:
+    if k in aux:
+      sums[k] = sums[k] + aux[k] * ntok
+  stale = jnp.where(valid, state.step - mb.versions, 0).astype(jnp.float32)
+  sums.update(
+      loss_numerator=sums["loss_numerator"] + numerator,
+      num_tokens=sums["num_tokens"] + ntok,
+      num_sequences=sums["num_sequences"] + aux["num_sequences"].astype(jnp.float32),
+      pg_numerator=sums["pg_numerator"] + aux["pg_loss"],  # denominator 1: the numerator
+      off_policy_tokens=sums["off_policy_tokens"] + jnp.sum(stale > 0),
+      staleness_sum=sums["staleness_sum"] + jnp.sum(stale),
+      ratio_max=jnp.maximum(sums["ratio_max"], aux["ratio_max"]))
+  rows_valid = jnp.any(valid, axis=-1)
+  lw = jnp.where(rows_valid, log_w, -jnp.inf)
+  lse_w = jnp.logaddexp(acc.lse_w, jax.nn.logsumexp(lw))
+  lse_w2 = jnp.logaddexp(acc.lse_w2, jax.nn.logsumexp(2 * lw))
+  new_aux = None
+  if acc.moe_aux is not None:
+    # Loads and counts add up over the step; state-like entries (BIP duals "q") keep the latest.
+    new_aux = {k: moe_aux[k].astype(v.dtype) + (0 if k in _MOE_LATEST else v)
+               for k, v in acc.moe_aux.items()}
+  return Accum(grads, acc.denominator + den, sums, lse_w, lse_w2, new_aux)
+
+
+def apply(state: TrainState, acc: Accum, *, model_config: ModelConfig, train_config: TrainConfig,
+          optimizer, schedule: Callable | None = None) -> tuple[TrainState, dict]:
+  """Divides the summed gradient by the global denominator and applies one update (pure)."""
+  tc = train_config
+  den = acc.denominator
+  inv = jnp.where(den > 0, 1.0 / jnp.where(den > 0, den, 1.0), 0.0)
+  grads = jax.tree.map(lambda g, p: (g * inv).astype(p.dtype), acc.grads, state.params)
+  nseq = acc.sums["num_sequences"]
+  ess = jnp.where(nseq > 0, jnp.exp(2 * acc.lse_w - acc.lse_w2), 0.0)
+  lr_scale = jnp.ones([], jnp.float32)
+  if tc.ess_lr_scaling:
+    lr_scale = jnp.where(nseq > 0, ess_lr_scale(ess, jnp.maximum(nseq, 1.0),
+                                                base_ess_ratio=tc.base_ess_ratio,
+                                                rule=tc.ess_rule), 1.0)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params, lr_scale=lr_scale)
+  params = optax.apply_updates(state.params, updates)
+  moe_state, moe_metrics = state.moe_state, {}
+  if model_config.moe is not None and acc.moe_aux is not None:
+    moe = _moe()
+    moe_state = moe.update_moe_state(state.moe_state, acc.moe_aux, model_config)
+    moe_metrics = dict(moe.moe_metrics(acc.moe_aux))
+  ntok = jnp.maximum(acc.sums["num_tokens"], 1.0)
+  metrics = {k: acc.sums[k] / ntok for k in _TOKEN_MEANS}
+  metrics.update(
+      loss=_safe_div(acc.sums["loss_numerator"], den),
+      pg_loss=_safe_div(acc.sums["pg_numerator"], den),
+      grad_norm=optax.global_norm(grads),
+      update_norm=optax.global_norm(updates),
+      ess=ess, ess_frac=_safe_div(ess, nseq), lr_scale=lr_scale,
+      num_tokens=acc.sums["num_tokens"], num_sequences=nseq,
+      off_policy_token_frac=acc.sums["off_policy_tokens"] / ntok,
+      staleness_mean=acc.sums["staleness_sum"] / ntok,
+      ratio_max=acc.sums["ratio_max"], denominator=den)
+  if schedule is not None:
+    metrics["learning_rate"] = schedule(state.step) * lr_scale
+  metrics.update(moe_metrics)
+  new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
+                         ref_params=state.ref_params, moe_state=moe_state, rng=state.rng)
+  return new_state, metrics
+
+
+def _safe_div(a, b):
+  return jnp.where(b > 0, a / jnp.where(b > 0, b, 1.0), 0.0)
+
+
+def fused_step(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
+           train_config: TrainConfig, optimizer, schedule=None) -> tuple[TrainState, dict]:
+  """A step whose batch is one micro-batch `[rows, T]`: `apply(accumulate(init_accum))` as one
+  program (pure). The zero sums fold away and the gradient goes straight into the optimizer,
+  with no accumulator written and read back between programs."""
+  kw = dict(model_config=model_config, train_config=train_config)
+  acc = accumulate(state, init_accum(state, mb, **kw), mb, **kw)
+  return apply(state, acc, optimizer=optimizer, schedule=schedule, **kw)
+
+
+def train_step(state: TrainState, batch: TrainBatch, *, model_config: ModelConfig,
+               train_config: TrainConfig, optimizer, schedule=None) -> tuple[TrainState, dict]:
+  """One optimizer update from `batch` `[micro, rows, T]` (pure; scan over micro-batches)."""
+  kw = dict(model_config=model_config, train_config=train_config)
+  first = jax.tree.map(lambda x: x[0], batch)
+  acc = init_accum(state, first, **kw)
+  acc, _ = jax.lax.scan(lambda a, mb: (accumulate(state, a, mb, **kw), None), acc, batch)
+  return apply(state, acc, optimizer=optimizer, schedule=schedule, **kw)
+
+
+def batch_sharding(mesh: jax.sharding.Mesh, shape: tuple[int, ...], stacked: bool,
+                   rules: Rules = DEFAULT_RULES) -> NamedSharding:
+  """Rows over the `batch` logical axis (data parallel); a leading micro axis is unsharded."""
+  axes = ((None,) if stacked else ()) + (BATCH,) + (None,) * (len(shape) - 1 - int(stacked))
+  return NamedSharding(mesh, logical_to_spec(axes, mesh, shape, rules))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainFns:
+  """The jitted step and its pieces, bound to one model, config, optimizer and mesh.
+
+  Attributes:
+    step: `(state, batch[micro, rows, T]) -> (state, metrics)`; donates the state.
+    init_accum: `(state, micro_batch) -> Accum`.
+    accumulate: `(state, acc, micro_batch[rows, T]) -> acc`; donates acc.
+    apply: `(state, acc) -> (state, metrics)`; donates the state except its parameters.
+    fused_step: `(state, micro_batch[rows, T]) -> (state, metrics)`, a step of one micro-batch
+      (`init_accum`, `accumulate` and `apply` in one program); donates as `apply` does.
+    shardings: `TrainState` of NamedShardings.
+    mesh: the mesh.
+  """
+  step: Callable
+  init_accum: Callable
+  accumulate: Callable
+  apply: Callable
+  fused_step: Callable
+  shardings: TrainState
+  mesh: jax.sharding.Mesh
+  rules: Rules
+
+  def min_groups(self, samples_per_group: int) -> int:
+    """Fewest groups whose rows (`samples_per_group` each) split evenly over the devices that
+    shard the batch (1 without data parallelism)."""
+    spec = logical_to_spec(("batch",), self.mesh, None, self.rules)[0]
+    axes = () if spec is None else ((spec,) if isinstance(spec, str) else tuple(spec))
+    shards = math.prod(self.mesh.shape[a] for a in axes)
+    return shards // math.gcd(shards, samples_per_group)
+
+  def put_batch(self, batch: TrainBatch) -> TrainBatch:
+    """Places a host batch (`[rows, T]` or `[micro, rows, T]`) on the mesh."""
+    stacked = batch.tokens.ndim == 3
+    return TrainBatch(*(jax.device_put(x, batch_sharding(self.mesh, x.shape, stacked, self.rules))
+                        for x in batch))
+
+
+def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimizer, abstract,
+                   mesh: jax.sharding.Mesh, *, rules: Rules = DEFAULT_RULES, schedule=None,
+                   donate: bool = True) -> TrainFns:
+  """Jits the step pieces with the state's shardings on `mesh` as output shardings.
+
+  Args:
+    model_config, train_config, optimizer: as for `train_step`.
+    abstract: `state.abstract_state(...)` (gives the state's structure).
+    mesh: the training mesh; inputs are expected already placed (see `TrainFns.put_batch`).
+    rules: logical-axis rules.
+    schedule: optional learning-rate schedule, for the `learning_rate` metric.
+    donate: donate the state / accumulator buffers to the outputs.
+  """
+  sh = state_shardings(abstract, model_config, optimizer, mesh, rules)
+  rep = NamedSharding(mesh, P())
+  acc_sh = Accum(grads=sh.params, denominator=rep, sums=rep, lse_w=rep, lse_w2=rep,
+                 moe_aux=None if model_config.moe is None else rep)
+  kw = dict(model_config=model_config, train_config=train_config)
+  opt = dict(optimizer=optimizer, schedule=schedule)
+
+  def _step(state, batch):
+    return train_step(state, batch, **kw, **opt)
+
+  def _init(state, mb):
+    return init_accum(state, mb, **kw)
+
+  def _acc(state, acc, mb):
+    return accumulate(state, acc, mb, **kw)
+
+  d = (lambda *a: a) if donate else (lambda *a: ())
+
+  def _params_last(fn):
+    # The parameters are not donated (the in-memory weight store hands them to the rollout
+    # engine without a copy, so they must outlive the step). jit pairs donated inputs with
+    # outputs of the same shape in output order, so the new parameters go last: the optimizer
+    # moments and the reference weights then update their own buffers in place, where new
+    # parameters listed first would take the moments' buffers and force a copy of each.
+    def run(rest, params, x):
+      state, metrics = fn(rest._replace(params=params), x, **kw, **opt)
+      return state._replace(params=None), state.params, metrics
+    out_sh = (sh._replace(params=None), sh.params, rep)
+    jitted = jax.jit(run, out_shardings=out_sh, donate_argnums=d(0))
+
+    def call(state, x):
+      rest, params, metrics = jitted(state._replace(params=None), state.params, x)
+      return rest._replace(params=params), metrics
+    return call
+
+  return TrainFns(
+      step=jax.jit(_step, out_shardings=(sh, rep), donate_argnums=d(0)),
+      init_accum=jax.jit(_init, out_shardings=acc_sh),
+      accumulate=jax.jit(_acc, out_shardings=acc_sh, donate_argnums=d(1)),
+      apply=_params_last(apply), fused_step=_params_last(fused_step),
+      shardings=sh, mesh=mesh, rules=rules)

@@ -1,0 +1,40 @@
+"""`benchmarks.gpu --quick` runs on CPU, covers every implementation and writes its JSON."""
+import json
+
+from benchmarks import common
+from benchmarks import gpu
+from jaxrl_sys import backend
+
+
+def test_gpu_benchmark_quick(tmp_path, monkeypatch):
+  monkeypatch.setattr(common, "RESULTS_DIR", str(tmp_path))
+  gpu.main(["--quick", "--out", "gpu_test", "--profile", str(tmp_path / "trace")])
+  saved = json.loads((tmp_path / "gpu_test.json").read_text())
+  assert saved["device"]["device"] and saved["device"]["platform"] == backend.platform()
+  gpu_host = backend.platform() == "gpu"
+  rows = saved["rows"]
+  assert not [r for r in rows if r.get("error")], [r for r in rows if r.get("error")]
+  kern = [r for r in rows if r["section"] == "kernel"]
+  naive = {"fused_logprobs": "naive", "flash_attention": "xla",
+           "grouped_matmul": "einsum_equal_groups"}
+  for kernel in ("fused_logprobs", "flash_attention", "grouped_matmul"):
+    mine = [r for r in kern if r["name"] == kernel]
+    # Every implementation but Pallas (interpret mode off GPU unless --pallas), and the naive.
+    want = {naive[kernel]} | set(backend.KERNELS[kernel]) - (set() if gpu_host else {"pallas"})
+    assert {r["impl"] for r in mine} == want, kernel
+    assert [r["impl"] for r in mine if r["auto"]] == [backend.kernel_impl(kernel)]
+    assert all(r["fwdbwd_ms"] > 0 and r["fwdbwd_temp_mib"] >= 0 for r in mine)
+    assert [r["vs_naive"] for r in mine if r["impl"] == naive[kernel]] == [1.0]
+  s = gpu.sizes(quick=True)
+  (dec,) = [r for r in rows if r["section"] == "decode"]
+  assert dec["generated"] == s.decode_batches[0] * s.new_tokens    # no stop token: all tokens
+  assert (dec["roofline_frac"] is None) == (not gpu_host)          # no HBM figure for a CPU
+  assert dec["tok_per_s"] > 0
+  train = [r for r in rows if r["section"] == "train"]
+  assert [r["name"] for r in train] == ["grpo step Qwen3-MoE"]
+  assert all(0 < r["mfu"] < 1 for r in train)
+  # The per-op profile of the decode and the train step (host process on CPU).
+  assert set(saved["profile"]) == {"decode_b4", "train Qwen3-MoE"}
+  for ops in saved["profile"].values():
+    assert ops and all(o["ms_per_call"] >= 0 and 0 <= o["share"] <= 1 for o in ops)
+    assert sum(o["share"] for o in ops) <= 1 + 1e-6

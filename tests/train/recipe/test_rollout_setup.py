@@ -1,0 +1,45 @@
+"""The embedded rollout's engines: how many, and that splitting them changes no sample."""
+import dataclasses
+
+import numpy as np
+
+from jaxrl_sys.rollout import InProcessWorker, ThreadWorker
+from jaxrl_sys.train import recipe as recipe_lib
+from jaxrl_sys.train.loop.config import LoopConfig
+from jaxrl_sys.train.loop.local_client import default_client, local_worker_count
+from tests.train.common import quick
+
+
+def test_local_worker_count_auto_and_explicit():
+  auto = LoopConfig()
+  assert local_worker_count(auto, 64) == 2          # CPU, 2 cores: two engines of 32 slots
+  assert local_worker_count(auto, 63) == 1          # fewer than 32 slots each: one engine
+  assert local_worker_count(LoopConfig(local_workers=3), 64) == 3
+  assert local_worker_count(LoopConfig(local_workers=8), 4) == 4   # at most one per slot
+
+
+def test_default_client_splits_the_slots_over_thread_workers():
+  recipe = recipe_lib.build_recipe(quick(local_workers=2))
+  mc, lc = recipe.model.config, recipe.loop
+  eos = recipe.model.tokenizer.eos_id
+  one = default_client(mc, recipe.model.params, dataclasses.replace(lc, local_workers=1), eos, 0,
+                       lc.group_size)
+  two = default_client(mc, recipe.model.params, lc, eos, 0, lc.group_size)
+  [w1] = [ws.worker for ws in one.workers.values()]
+  ws2 = [ws.worker for ws in two.workers.values()]
+  assert isinstance(w1, InProcessWorker) and all(isinstance(w, ThreadWorker) for w in ws2)
+  assert [w.server.engine_config.num_slots for w in ws2] == [
+      w1.server.engine_config.num_slots // 2] * 2
+  one.close()
+  two.close()
+
+
+def test_two_local_engines_train_on_the_samples_one_engine_draws():
+  """Tokens are a function of the request key and index: two engines draw the very samples one
+  engine draws, so the rewards are equal and the losses equal up to float reassociation."""
+  runs = [recipe_lib.run_recipe(recipe_lib.build_recipe(quick(steps=2, local_workers=n)))
+          for n in (1, 2)]
+  (a, b) = [[(h["reward_mean"], h["response_len_mean"], h["loss"], h["kl"]) for h in r.history]
+            for r in runs]
+  np.testing.assert_array_equal(np.array(a)[:, :2], np.array(b)[:, :2])
+  np.testing.assert_allclose(np.array(a)[:, 2:], np.array(b)[:, 2:], rtol=1e-4, atol=1e-6)
