@@ -124,7 +124,7 @@ class ManagerCore:
           self._failed.append(RequestFailedError(
               f"request {rid} failed: the workers serving it failed {st.attempts} times (last: "
               f"{worker_id}: {reason}); {st.preempted} preemptions not counted. Raise "
-              f"--max_request_failures (ManagerConfig.max_attempts) or check the workers"))
+              f"--rollout.max_request_failures (ManagerConfig.max_attempts) or check the workers"))
           continue
       self.queue.appendleft(rid)
       self.stats.migrated += 1

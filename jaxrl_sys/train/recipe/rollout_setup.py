@@ -91,7 +91,8 @@ class RolloutSetup:
     if self.preempt_trace and not os.path.isfile(self.preempt_trace):
       raise ValueError(f"--preempt_trace={self.preempt_trace}: no such file")
     if self.max_request_failures < 0:
-      raise ValueError(f"--max_request_failures must be >= 0, got {self.max_request_failures}")
+      raise ValueError(f"--rollout.max_request_failures must be >= 0, got "
+                       f"{self.max_request_failures}")
     if self.chaos_kill_every < 0 or not 0 < self.trace_sample <= 1:
       raise ValueError("--chaos_kill_every must be >= 0 and --trace_sample in (0, 1]")
     self.offload_config()  # validates

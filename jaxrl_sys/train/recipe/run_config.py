@@ -202,7 +202,7 @@ ALIASES = {
     **{name: f"rollout.{name}" for name in (
         "rollout", "num_workers", "ray_address", "weight_store", "preempt_trace",
         "trace_time_scale", "chaos_kill_every", "chaos_restart_after", "worker_token_delay",
-        "worker_cpus", "worker_gpus", "offload", "t_seed_init", "max_request_failures")},
+        "worker_cpus", "worker_gpus", "offload", "t_seed_init")},
 }
 
 
