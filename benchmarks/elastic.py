@@ -39,7 +39,7 @@ from benchmarks.common import RESULTS_DIR, print_table, write_json  # noqa: E402
 _TS_READER = """
 import json, sys, time
 import ml_dtypes, numpy, tensorstore
-from jaxrl_sys.rollout.ts_weights import TensorstoreWeightRef
+from jaxrl_sys.rollout.weights.tensorstore import TensorstoreWeightRef
 ref = TensorstoreWeightRef(**json.loads(sys.argv[1]))
 t = time.perf_counter()
 ref.fetch()
@@ -77,7 +77,7 @@ def transformer_params(nbytes: int, layers: int = 4):
 
 def checksum_throughput(nbytes: int = 64 << 20) -> dict:
   """GiB/s of candidate checksums over `nbytes` of random float32 on this machine (best of 3)."""
-  from jaxrl_sys.rollout import weights_io  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.weights import io as weights_io  # pylint: disable=import-outside-toplevel
   x = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
   mv = memoryview(x).cast("B")
   cands = {"zlib.crc32 (1 thread)": lambda: zlib.crc32(mv),
@@ -116,7 +116,7 @@ def _publish(store, params, version: int, rollout_dtype: str) -> tuple[float, fl
 
 
 def _tensorstore_row(params, dtype: str, repeats: int, root: str) -> dict:
-  from jaxrl_sys.rollout import ts_weights  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.weights import tensorstore as ts_weights  # pylint: disable=import-outside-toplevel
   store = ts_weights.TensorstoreWeightStore(root)
   pubs = [_publish(store, params, v, dtype) for v in range(1, repeats + 1)]
   store.gc(in_use=[])
@@ -134,7 +134,7 @@ def _tensorstore_row(params, dtype: str, repeats: int, root: str) -> dict:
 
 def _ray_rows(sizes: list[int], dtypes: list[str], repeats: int) -> list[dict]:
   import ray  # pylint: disable=import-outside-toplevel
-  from jaxrl_sys.rollout import ray_weights  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.weights import ray as ray_weights  # pylint: disable=import-outside-toplevel
   ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
            object_store_memory=max(1 << 30, 4 * max(sizes)))
 
@@ -144,7 +144,7 @@ def _ray_rows(sizes: list[int], dtypes: list[str], repeats: int) -> list[dict]:
 
     def __init__(self):
       import jax  # noqa: F401  pylint: disable=unused-import
-      import jaxrl_sys.rollout.ray_weights  # noqa: F401  pylint: disable=unused-import
+      import jaxrl_sys.rollout.weights.ray  # noqa: F401  pylint: disable=unused-import
 
     def fetch(self, box) -> float:
       return _timed(box["ref"].fetch)

@@ -46,7 +46,7 @@ def _params():
 
 
 def _ray_workers(n: int, slots: int, prefix: str):
-  from jaxrl_sys.rollout.ray_worker import RayWorker  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.workers.ray import RayWorker  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   cache = jax.config.jax_compilation_cache_dir
   return [RayWorker(f"{prefix}{i}", MODEL, engine_config(slots), warmup=True, compile_cache=cache)
@@ -54,7 +54,7 @@ def _ray_workers(n: int, slots: int, prefix: str):
 
 
 def _manager(workers, params, version, **cfg):
-  from jaxrl_sys.rollout.ray_weights import RayWeightStore  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.weights.ray import RayWeightStore  # pylint: disable=import-outside-toplevel
   store = RayWeightStore() if any(not w.synchronous for w in workers) else None
   m = RolloutManager(workers, store=store, config=ManagerConfig(balance=False, **cfg))
   m.publish_weights(params, version)
@@ -77,7 +77,7 @@ def _run(m, reqs, kill_at: float | None = None, victim=None) -> tuple[float, int
 
 
 def part_b(args) -> dict:
-  from jaxrl_sys.rollout.ray_worker import init_ray  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.workers.ray import init_ray  # pylint: disable=import-outside-toplevel
   init_ray()
   params, version, rows = _params(), [0], []
   reqs = lambda: requests(args.b_requests, args.b_max_new)  # noqa: E731
@@ -109,7 +109,7 @@ def part_b(args) -> dict:
 
 
 def part_c(args) -> dict:
-  from jaxrl_sys.rollout.ray_worker import init_ray  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.workers.ray import init_ray  # pylint: disable=import-outside-toplevel
   init_ray()
   params, rows = _params(), []
   reqs = requests(args.c_requests, args.c_max_new, seed=1)

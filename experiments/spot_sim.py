@@ -23,7 +23,7 @@ import time
 
 from absl import app, flags
 
-from jaxrl_sys.rollout.trace_formats import FORMATS, load_trace
+from jaxrl_sys.rollout.elastic.trace_formats import FORMATS, load_trace
 from jaxrl_sys.sim import calibrate, experiment, paper, report
 from jaxrl_sys.sim.driver import SimConfig, Workload
 from jaxrl_sys.sim.fit import FITTED, ROOFLINE
@@ -40,7 +40,7 @@ flags.DEFINE_string("preset", "all", "Comma list of presets (qwen3-8b, qwen3-14b
                     "'all', or 'measured:DIR' (calibrated from our benchmarks' JSON in DIR).")
 flags.DEFINE_string("trace", _P3, "Spot trace file (formats: --trace_format).")
 flags.DEFINE_enum("trace_format", "auto", ["auto", *FORMATS], "Trace file format; auto tells "
-                  "them apart (jaxrl_sys.rollout.trace_formats).")
+                  "them apart (jaxrl_sys.rollout.elastic.trace_formats).")
 flags.DEFINE_float("trace_time_scale", 1.0, "Multiplies every trace time (0.5: twice as fast).")
 flags.DEFINE_float("segment_hours", 2.0, "Length of each trace segment (hours).")
 flags.DEFINE_float("sample", 0.5, "Fraction of the trace's instances kept (RLBoost: 0.5).")

@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
 def ray_session():
   """One local Ray instance for the whole session (workers inherit this process's XLA flags);
   test files using it are marked `pytestmark = pytest.mark.xdist_group("ray")`."""
-  from jaxrl_sys.rollout.ray_worker import import_ray, init_ray  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.workers.ray import import_ray, init_ray  # pylint: disable=import-outside-toplevel
   ray = import_ray()
   init_ray(num_cpus=16, object_store_memory=256 * 2**20)
   yield ray

@@ -1,37 +1,50 @@
 """jaxrl_sys.rollout: records, the generation engine, workers, the rollout manager, weights.
 
-- `types`: `Request`, `TokenChunk`, `Completion`, `FinishReason`, `request_key`,
-  `RolloutClient` (the contract between trainer, manager and engines).
-- `Engine(model_config, params, EngineConfig(...), version)`: continuous batching over fixed
-  slots, shared-prompt prefill, token streaming, resumable requests, abort, weight swap.
-- `InProcessRollout.create(...)`: a RolloutClient over one engine in this process (no manager).
-- `RolloutManager(workers, store, ManagerConfig(...), clock)`: the RolloutClient over workers
-  that come and go: token-level state, routing with version gating, migration on loss,
-  continuous load balancing, weight pulls (`manager`, `manager_state`, `balance`).
-- Workers (`worker`): the `Worker` protocol (`Commands` in, `WorkerReport` out, `WorkerLost`),
-  `WorkerServer` (engine side), `InProcessWorker`; `ThreadWorker` (`thread_worker`: engines of
-  this process on threads of their own, side by side); Ray actors in `ray_worker` (imports Ray).
-- Weights (`weights`): `WeightStore` / `WeightRef` protocols, `MemoryWeightStore`.
-- `clock`: `Clock`, `WallClock`, `ManualClock` (time is injected everywhere above).
-- `wire`: exact JSON encoding of requests (checkpoints); `slots`: the jitted device functions.
-"""
-from jaxrl_sys.rollout.clock import Clock, ManualClock, WallClock
-from jaxrl_sys.rollout.config import EngineConfig, EngineStats
-from jaxrl_sys.rollout.engine import Engine
-from jaxrl_sys.rollout.inprocess import InProcessRollout
-from jaxrl_sys.rollout.manager import RolloutManager
-from jaxrl_sys.rollout.manager_state import ManagerConfig, ManagerStats, RequestFailedError
-from jaxrl_sys.rollout.thread_worker import ThreadWorker
-from jaxrl_sys.rollout.types import (Completion, FinishReason, Request, RolloutClient, TokenChunk,
-                                     request_key)
-from jaxrl_sys.rollout.weights import (CorruptWeightsError, MemoryWeightStore, WeightRef,
-                                       WeightStore)
-from jaxrl_sys.rollout.worker import (Commands, InProcessWorker, Worker, WorkerLost, WorkerReport,
-                                      WorkerServer)
+Top level (numpy only): `types` (`Request`, `TokenChunk`, `Completion`, `FinishReason`,
+`request_key`, `RolloutClient`: the contract between trainer, manager and engines), `wire`
+(exact JSON encoding of requests for checkpoints), `clock` (`Clock`, `WallClock`, `ManualClock`:
+time is injected everywhere).
 
-__all__ = ["Clock", "Commands", "Completion", "CorruptWeightsError", "Engine", "EngineConfig",
-           "EngineStats", "FinishReason", "InProcessRollout", "InProcessWorker", "ManagerConfig",
-           "ManagerStats", "ManualClock", "MemoryWeightStore", "Request", "RequestFailedError",
-           "RolloutClient", "RolloutManager", "ThreadWorker", "TokenChunk", "WallClock",
-           "WeightRef", "WeightStore", "Worker", "WorkerLost", "WorkerReport", "WorkerServer",
-           "request_key"]
+Wings:
+- `engine/` (JAX): `Engine(model_config, params, EngineConfig(...), version)`: continuous
+  batching over fixed slots, shared-prompt prefill, token streaming, resumable requests, abort,
+  weight swap; `slots` (the jitted device functions); `InProcessRollout` (one engine as a
+  RolloutClient, no manager: tests and small scripts).
+- `workers/`: the plain-data worker protocol (`Commands` in, `WorkerReport` out, `WorkerLost`;
+  numpy only), `WorkerServer` / `InProcessWorker` (engine side), `ThreadWorker` (engines of this
+  process on threads of their own), Ray actors in `workers.ray` (imports Ray).
+- `weights/`: `WeightStore` / `WeightRef` protocols, `MemoryWeightStore`, the tensorstore and
+  Ray stores, and `make_weight_store(spec)` (backends looked up by name).
+- `manager/` (numpy only): `RolloutManager(workers, store, ManagerConfig(...), clock)`, the
+  RolloutClient over workers that come and go (token-level state, routing with version gating,
+  migration on loss, continuous load balancing, weight pulls).
+- `elastic/` (numpy only): `Fleet`, the offload controller, preemption schedules, spot traces.
+
+Every name below is imported on first access (module `__getattr__`): importing the package, the
+manager or the simulator does not import JAX.
+"""
+from jaxrl_sys.rollout._lazy import lazy_attributes
+
+_NAMES = {
+    "Clock": "jaxrl_sys.rollout.clock", "ManualClock": "jaxrl_sys.rollout.clock",
+    "WallClock": "jaxrl_sys.rollout.clock",
+    "Completion": "jaxrl_sys.rollout.types", "FinishReason": "jaxrl_sys.rollout.types",
+    "Request": "jaxrl_sys.rollout.types", "RolloutClient": "jaxrl_sys.rollout.types",
+    "TokenChunk": "jaxrl_sys.rollout.types", "request_key": "jaxrl_sys.rollout.types",
+    "Engine": "jaxrl_sys.rollout.engine", "EngineConfig": "jaxrl_sys.rollout.engine",
+    "EngineStats": "jaxrl_sys.rollout.engine", "InProcessRollout": "jaxrl_sys.rollout.engine",
+    "Commands": "jaxrl_sys.rollout.workers", "InProcessWorker": "jaxrl_sys.rollout.workers",
+    "ThreadWorker": "jaxrl_sys.rollout.workers", "Worker": "jaxrl_sys.rollout.workers",
+    "WorkerLost": "jaxrl_sys.rollout.workers", "WorkerReport": "jaxrl_sys.rollout.workers",
+    "WorkerServer": "jaxrl_sys.rollout.workers",
+    "CorruptWeightsError": "jaxrl_sys.rollout.weights",
+    "MemoryWeightStore": "jaxrl_sys.rollout.weights", "WeightRef": "jaxrl_sys.rollout.weights",
+    "WeightStore": "jaxrl_sys.rollout.weights",
+    "ManagerConfig": "jaxrl_sys.rollout.manager", "ManagerStats": "jaxrl_sys.rollout.manager",
+    "RequestFailedError": "jaxrl_sys.rollout.manager",
+    "RolloutStalledError": "jaxrl_sys.rollout.manager",
+    "WeightPullError": "jaxrl_sys.rollout.manager",
+    "RolloutManager": "jaxrl_sys.rollout.manager",
+}
+__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)
+__all__ = sorted(_NAMES)

@@ -26,8 +26,8 @@ real rollout manager on a virtual clock is built on top of them. Every figure's 
   cap), `FITTED` (fitted to RLBoost's static-pool points), `ROOFLINE`, `fitted_presets()`.
 - `paper`: RLBoost's published figures (`CALIBRATION`, `VALIDATION`), `static_pool`,
   `calibration_points`, `validation_points`, `paper_table`.
-Spot traces (parsing, segments, sampling, replay) are in `jaxrl_sys.rollout.traces`; the file
-formats in `jaxrl_sys.rollout.trace_formats`.
+Spot traces (parsing, segments, sampling, replay) are in `jaxrl_sys.rollout.elastic.traces`;
+the file formats in `jaxrl_sys.rollout.elastic.trace_formats`.
 """
 from jaxrl_sys.sim.calibrate import (calibrate_from_benchmarks, calibrate_from_measurement,
                                      dense_config_sizes, fit_decode_curve)

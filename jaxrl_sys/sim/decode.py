@@ -71,7 +71,7 @@ def plateau_batch(curve: DecodeCurve, frac: float = 0.9, mean_context: float = 0
   """B: the smallest batch whose throughput reaches `frac` of the best reachable one.
 
   The best is the throughput at `max_batch` (default: the KV-capacity bound at this context,
-  or the asymptote when unbounded) - the same definition as `rollout.balance.plateau_batch`
+  or the asymptote when unbounded) - the same definition as `rollout.manager.balance.plateau_batch`
   applies to a measured profile. Closed form: with a = fixed_s, k = per_batch_s(ctx) and
   M = max_batch, B = ceil(frac * M * a / (a + (1 - frac) * k * M)), -> frac * a / ((1 - frac) k)
   as M -> inf.

@@ -14,7 +14,7 @@ import functools
 import multiprocessing
 from typing import Any, Callable, Sequence
 
-from jaxrl_sys.rollout.traces import Trace
+from jaxrl_sys.rollout.elastic.traces import Trace
 from jaxrl_sys.sim.driver import SimConfig, simulate
 from jaxrl_sys.sim.settings import SETTINGS, Setting, config_for
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from jaxrl_sys.rollout.traces import Trace, constant_trace
+from jaxrl_sys.rollout.elastic.traces import Trace, constant_trace
 from jaxrl_sys.sim import experiment
 from jaxrl_sys.sim.driver import SimConfig, Workload, simulate
 from jaxrl_sys.sim.fit import FITTED, InstanceFit

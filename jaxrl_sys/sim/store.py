@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxrl_sys.rollout.weights import VersionTable
+from jaxrl_sys.rollout.weights.base import VersionTable
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""A simulated rollout instance that implements `rollout.worker.Worker` on the virtual clock.
+"""A simulated rollout instance that implements `rollout.workers.Worker` on the virtual clock.
 
 The real `RolloutManager` drives it exactly like a Ray worker: `send(Commands)` starts an
 exchange (aborts, a weight pull, requests to start or resume), `receive()` returns the
@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxrl_sys.rollout.types import FinishReason, Request, TokenChunk
-from jaxrl_sys.rollout.worker import Commands, WorkerLost, WorkerReport
+from jaxrl_sys.rollout.workers.protocol import Commands, WorkerLost, WorkerReport
 from jaxrl_sys.sim.engine import Seq, SimEngine
 
 _ZI = np.zeros(1 << 15, np.int32)

@@ -1,7 +1,7 @@
 """Small, fast simulator configurations shared by the sim tests."""
 import dataclasses
 
-from jaxrl_sys.rollout.traces import ADD, REMOVE, Trace, TraceEvent
+from jaxrl_sys.rollout.elastic.traces import ADD, REMOVE, Trace, TraceEvent
 from jaxrl_sys.sim.driver import SimConfig, Workload
 from jaxrl_sys.sim.lengths import LengthDistribution
 from jaxrl_sys.sim.presets import QWEN3_8B

@@ -6,8 +6,11 @@ import json
 
 import pytest
 
-from jaxrl_sys.rollout import balance, fleet, manager, manager_core, offload
-from jaxrl_sys.rollout.traces import constant_trace
+from jaxrl_sys.rollout import manager
+from jaxrl_sys.rollout.elastic import fleet, offload
+from jaxrl_sys.rollout.manager import balance
+from jaxrl_sys.rollout.manager import core as manager_core
+from jaxrl_sys.rollout.elastic.traces import constant_trace
 from jaxrl_sys.sim import driver
 from jaxrl_sys.sim.driver import Simulation, simulate
 from tests.sim.common import small, spot_trace, with_manager, with_offload

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from jaxrl_sys.rollout.traces import load_bamboo
+from jaxrl_sys.rollout.elastic.traces import load_bamboo
 from jaxrl_sys.sim import experiment, report
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,7 +49,7 @@ def test_a_baseline_without_a_single_step_is_a_clear_error():
 
 
 def test_a_trace_shorter_than_a_segment_runs_as_one_segment_and_bad_indices_are_clear():
-  from jaxrl_sys.rollout.traces import constant_trace  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.elastic.traces import constant_trace  # pylint: disable=import-outside-toplevel
   short = constant_trace(3, 1200.0, "short")
   hours, segs = experiment.plan_segments(short, 2.0)
   assert hours == pytest.approx(1 / 3) and len(segs) == 1 and segs[0][1].end == 1200.0

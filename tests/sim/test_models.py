@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxrl_sys import sim
-from jaxrl_sys.rollout.balance import plateau_batch as online_plateau_batch
+from jaxrl_sys.rollout.manager.balance import plateau_batch as online_plateau_batch
 from jaxrl_sys.sim import (COLD_VM, GCP_A3, PRESETS, QWEN3_8B, QWEN3_14B, QWEN3_32B, DecodeCurve,
                            Prices, Startup, plateau_batch)
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from jaxrl_sys.rollout.traces import load_trace
+from jaxrl_sys.rollout.elastic.traces import load_trace
 from jaxrl_sys.sim import paper
 from jaxrl_sys.sim.fit import FITTED, InstanceFit
 

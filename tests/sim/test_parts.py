@@ -7,7 +7,7 @@ import pytest
 
 from jaxrl_sys.rollout import ManualClock
 from jaxrl_sys.rollout.types import FinishReason, Request
-from jaxrl_sys.rollout.worker import Commands, WorkerLost
+from jaxrl_sys.rollout.workers.protocol import Commands, WorkerLost
 from jaxrl_sys.sim import QWEN3_8B, QWEN3_14B, DecodeCurve, transfer_time
 from jaxrl_sys.sim.cluster import SimCluster
 from jaxrl_sys.sim.engine import EngineModel, Seq, SimEngine

@@ -45,11 +45,18 @@ def evaluate(params: Any, config: ModelConfig, task, tokenizer, indices: Sequenc
   """
   params = jax.tree.map(jnp.copy, params)
   moe_state = None if moe_state is None else jax.tree.map(jnp.copy, moe_state)
-  if client is None:
-    client = default_client(config, params, loop_config, tokenizer.eos_id, version, samples,
-                            moe_state=moe_state)
-  else:
+  if client is not None:
     client.publish_weights(params, version, moe_state)
+    return _evaluate(client, task, tokenizer, indices, loop_config, samples, seed)
+  own = default_client(config, params, loop_config, tokenizer.eos_id, version, samples,
+                       moe_state=moe_state)
+  try:
+    return _evaluate(own, task, tokenizer, indices, loop_config, samples, seed)
+  finally:
+    own.close()  # its in-process workers' threads end here, not at interpreter exit
+
+
+def _evaluate(client, task, tokenizer, indices, loop_config, samples, seed) -> float:
   indices = [int(i) for i in indices]
   gids = [_EVAL_GROUP_OFFSET + k for k in range(len(indices))]
   reqs = group_requests(task, tokenizer, gids, samples, seed=seed,

@@ -11,12 +11,12 @@ import threading
 from jaxrl_sys import backend
 from jaxrl_sys.models import ModelConfig, SamplingConfig
 from jaxrl_sys.rollout.clock import WALL, Clock
-from jaxrl_sys.rollout.config import EngineConfig
+from jaxrl_sys.rollout.engine.config import EngineConfig
 from jaxrl_sys.rollout.manager import RolloutManager
-from jaxrl_sys.rollout.manager_state import ManagerConfig
-from jaxrl_sys.rollout.thread_worker import ThreadWorker
+from jaxrl_sys.rollout.manager.config import ManagerConfig
+from jaxrl_sys.rollout.workers.thread import ThreadWorker
 from jaxrl_sys.rollout.types import RolloutClient
-from jaxrl_sys.rollout.worker import InProcessWorker
+from jaxrl_sys.rollout.workers.server import InProcessWorker
 from jaxrl_sys.train.loop.config import LoopConfig
 
 # Auto mode splits the in-process rollout over two engines only when each keeps this many slots.
@@ -48,7 +48,7 @@ def local_worker_count(loop: LoopConfig, num_slots: int) -> int:
   """Engines of the embedded rollout: `loop.local_workers`, or (0 = auto) two on a CPU host
   with at least two cores when each keeps at least `MIN_SLOTS_PER_LOCAL_WORKER` slots (one
   engine's small decode ops leave a core idle a third of the time there; see
-  `rollout.thread_worker`), else one (an accelerator runs one engine's batch best)."""
+  `rollout.workers.thread`), else one (an accelerator runs one engine's batch best)."""
   return backend.local_engine_count(loop.local_workers, num_slots)
 
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from jaxrl_sys.models import ModelConfig
 from jaxrl_sys.rollout.clock import WALL, Clock
-from jaxrl_sys.rollout.offload import OffloadConfig, OffloadDriver, OffloadState
+from jaxrl_sys.rollout.elastic.offload import OffloadConfig, OffloadDriver, OffloadState
 from jaxrl_sys.rollout.types import RolloutClient
 from jaxrl_sys.rollout.wire import request_to_json
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules
@@ -123,7 +123,7 @@ class RLLoop:
     warmup_engine: compile every prefill / decode variant of the default in-process engine
       before the first step (no compilation stalls mid-run; slower start).
     clock: the time source of the loop's timings and stall detection (`rollout.clock`).
-    offload: adaptive rollout offload (`rollout.offload.OffloadConfig`): with a manager that
+    offload: adaptive rollout offload (`rollout.elastic.offload.OffloadConfig`): with a manager that
       has local and remote workers, the local ones generate for T_seed at the start of each
       step, then hand their requests to the remote ones; None = off.
     step_hooks: callables `hook(step, state, row)` run after each step, before its metrics
@@ -479,6 +479,8 @@ class RLLoop:
           preempted = step < self.lc.steps
           break
     finally:
+      if self._client is None:
+        client.close()  # the loop's own in-process workers: their threads end here
       self._close()  # waits for the checkpoint save in flight (also on a second SIGINT)
     return RunResult(state, history, preempted, resumed, self.signals.name)
 

@@ -9,15 +9,15 @@ import os
 
 from jaxrl_sys.models import ModelConfig
 from jaxrl_sys.rollout.clock import WALL, Clock
-from jaxrl_sys.rollout.config import EngineConfig
-from jaxrl_sys.rollout.fleet import Fleet
-from jaxrl_sys.rollout.manager import RolloutManager
-from jaxrl_sys.rollout.manager_state import ManagerConfig
-from jaxrl_sys.rollout.offload import OffloadConfig
-from jaxrl_sys.rollout.schedules import ChaosSchedule, TracePlayer
-from jaxrl_sys.rollout.traces import load_trace
-from jaxrl_sys.rollout.weights import make_weight_store
-from jaxrl_sys.rollout.worker import InProcessWorker
+from jaxrl_sys.rollout.elastic.fleet import Fleet
+from jaxrl_sys.rollout.elastic.offload import OffloadConfig
+from jaxrl_sys.rollout.elastic.schedules import ChaosSchedule, TracePlayer
+from jaxrl_sys.rollout.elastic.traces import load_trace
+from jaxrl_sys.rollout.engine.config import EngineConfig
+from jaxrl_sys.rollout.manager.config import ManagerConfig
+from jaxrl_sys.rollout.manager.exchange import RolloutManager
+from jaxrl_sys.rollout.weights.factory import make_weight_store
+from jaxrl_sys.rollout.workers.server import InProcessWorker
 
 ROLLOUTS = ("local", "ray")
 
@@ -34,8 +34,8 @@ class RolloutSetup:
     ray_address: a Ray cluster to join ("auto", "ray://head:10001"); None starts a local one.
     weight_store: "memory", "ray" or "tensorstore:PATH_OR_URL"; None = memory for local
       rollout, the Ray object store for Ray workers.
-    preempt_trace: a spot trace (any `rollout.trace_formats` format; parsed and checked here,
-      before Ray starts) whose adds and removes start and SIGKILL workers.
+    preempt_trace: a spot trace (any `rollout.elastic.trace_formats` format; parsed and checked
+      here, before Ray starts) whose adds and removes start and SIGKILL workers.
     trace_time_scale: host seconds per trace second (1/60: a trace minute per second).
     trace_sample: the fraction of the trace's nodes kept (seeded, as RLBoost kept 50%).
     chaos_kill_every: mean seconds between random SIGKILLs of a worker (0 = off; gaps uniform
@@ -49,7 +49,9 @@ class RolloutSetup:
       counts as lost.
     startup_timeout: the same for a worker that has no weights yet (process start, first
       pull, compile).
-    max_attempts: worker losses a request may survive; one more fails the run.
+    max_request_failures: a request's failure budget (`ManagerConfig.max_attempts`): worker
+      errors it may survive before the run fails; preemptions (killed or lost workers) never
+      count.
     theta: requests a worker may hold beyond its free decode slots (delayed dispatch).
     offload: "off", "adaptive" (RLBoost seeding with the feedback controller) or a fixed
       window in seconds ("0": hand everything to the remote workers at once). With Ray workers
@@ -70,7 +72,7 @@ class RolloutSetup:
   worker_token_delay: float = 0.0
   heartbeat_timeout: float = 30.0
   startup_timeout: float = 300.0
-  max_attempts: int = 5
+  max_request_failures: int = 5
   theta: int = 4
   offload: str = "off"
   t_seed_init: float = 2.0
@@ -96,6 +98,9 @@ class RolloutSetup:
       if trace.max_live() == 0:
         raise ValueError(f"--preempt_trace={self.preempt_trace}: the trace never makes an "
                          "instance available, so no rollout worker would ever start")
+    if self.max_request_failures < 0:
+      raise ValueError(f"--rollout.max_request_failures must be >= 0, got "
+                       f"{self.max_request_failures}")
     if self.chaos_kill_every < 0 or not 0 < self.trace_sample <= 1:
       raise ValueError("--chaos_kill_every must be >= 0 and --trace_sample in (0, 1]")
     self.offload_config()  # validates
@@ -124,13 +129,14 @@ class RolloutSetup:
 
   def manager_config(self) -> ManagerConfig:
     return ManagerConfig(theta=self.theta, heartbeat_timeout=self.heartbeat_timeout,
-                         startup_timeout=self.startup_timeout, max_attempts=self.max_attempts)
+                         startup_timeout=self.startup_timeout,
+                         max_attempts=self.max_request_failures)
 
 
 def check_ray_resources(setup: RolloutSetup) -> None:
   """Raises a clear error when one worker asks for more than the whole Ray cluster has (it
   would wait for resources forever)."""
-  from jaxrl_sys.rollout.ray_worker import import_ray  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.workers.ray import import_ray  # pylint: disable=import-outside-toplevel
   have = import_ray().cluster_resources()
   for key, want, flag in (("CPU", setup.worker_cpus, "--worker_cpus"),
                           ("GPU", setup.worker_gpus, "--worker_gpus")):
@@ -147,7 +153,7 @@ def ray_client(setup: RolloutSetup, model_config: ModelConfig, engine_config: En
   """A `RolloutManager` with no weights yet whose `Fleet` runs `setup.num_workers` Ray
   workers (following the trace or the chaos schedule); the loop publishes the weights."""
   # pylint: disable-next=import-outside-toplevel
-  from jaxrl_sys.rollout.ray_worker import RayWorker, init_ray
+  from jaxrl_sys.rollout.workers.ray import RayWorker, init_ray
   init_ray(setup.ray_address)
   check_ray_resources(setup)
   store = make_weight_store(setup.weight_store or "ray")

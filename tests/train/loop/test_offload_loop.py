@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from jaxrl_sys.rollout import InProcessWorker, ManagerConfig, RolloutManager
-from jaxrl_sys.rollout.offload import OffloadConfig
+from jaxrl_sys.rollout.elastic.offload import OffloadConfig
 from jaxrl_sys.train import recipe as recipe_lib
 from jaxrl_sys.train.loop.rl_loop import RLLoop
 from jaxrl_sys.train.loop.local_client import default_engine_config
@@ -44,8 +44,8 @@ def test_offload_without_remote_workers_is_colocated_rollout():
 
 
 def _offload_run(steps, local_delay, remote_delay, t_init):
-  from jaxrl_sys.rollout.ray_weights import RayWeightStore  # pylint: disable=import-outside-toplevel
-  from jaxrl_sys.rollout.ray_worker import RayWorker  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.weights.ray import RayWeightStore  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.workers.ray import RayWorker  # pylint: disable=import-outside-toplevel
   recipe, _ = _loop(steps)
   mc, tok = recipe.model.config, recipe.model.tokenizer
   # one token per exchange, so the trainer's engine can hand off mid-response

@@ -1,0 +1,2 @@
+"""Elastic rollout (numpy only): the worker `fleet`, the `offload` controller, preemption
+`schedules` and spot `traces`."""

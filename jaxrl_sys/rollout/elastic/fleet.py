@@ -1,0 +1,106 @@
+"""The fleet: which remote workers run, following spot availability, within a cap.
+
+`Fleet` is a manager tick hook (`RolloutManager.add_tick_hook`). Availability comes from a
+schedule with `due(now) -> [TraceEvent]` (`schedules.TracePlayer` over a Bamboo / Parcae trace,
+`schedules.ChaosSchedule` for random kills and restarts) or is static. Each tick it
+
+1. applies due events: an `add` makes a node available; a `remove` preempts the worker on that
+   node (a hard kill, like a spot reclaim: the manager then sees it lost and migrates);
+2. forgets workers the manager lost on its own (a crash, a missed heartbeat);
+3. starts workers on available, unused nodes up to `min(cap, available)` (as RLBoost's
+   replayer: a lost node is replaced at once if spare capacity exists), and retires the newest
+   ones gracefully when the cap drops. The cap is the smaller of its own and the manager's
+   `worker_cap` (the offload controller's N_prem).
+
+Workers come from a `factory(worker_id) -> Worker` (a Ray actor, a simulated instance), so
+the same fleet logic runs in real runs, tests and the simulator.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from jaxrl_sys.rollout.elastic.traces import ADD, REMOVE
+from jaxrl_sys.rollout.workers.protocol import Worker
+
+
+def _preempt(worker: Worker) -> None:
+  fn = getattr(worker, "preempt", None)
+  (fn or worker.kill)()
+
+
+class Fleet:
+  """Starts, preempts and retires workers (see the module docstring).
+
+  Args:
+    factory: `factory(worker_id) -> Worker`; the new worker is added to the manager.
+    schedule: availability events (`due(now)`), or None for `size` nodes always available.
+    size: nodes available without a schedule.
+    cap: the most workers to run (an int, or a callable read every tick: N_prem); None = none.
+    prefix: worker ids are `f"{prefix}{node}.{n}"` (n counts starts on that node).
+    preempt: how a `remove` kills a worker (default: its `preempt()`, else `kill()`).
+    retire_after: seconds the fleet must stay above its cap before the newest workers are
+      retired (a cap computed per step is noisy; starting a worker costs a start-up delay).
+  """
+
+  def __init__(self, factory: Callable[[str], Worker], *, schedule=None, size: int = 0,
+               cap: int | Callable[[], int | None] | None = None, prefix: str = "spot-",
+               preempt: Callable[[Worker], None] = _preempt, retire_after: float = 30.0):
+    if schedule is None and size <= 0:
+      raise ValueError("Fleet needs a schedule or size > 0")
+    self.factory, self.schedule, self.prefix, self._preempt = factory, schedule, prefix, preempt
+    self._cap = cap
+    self.available: set[str] = set() if schedule is not None else {f"n{i}" for i in range(size)}
+    self.workers: dict[str, Worker] = {}  # node -> worker
+    self.starts: dict[str, int] = {}
+    self.log: list[tuple[float, str, str]] = []  # (time, action, worker or node)
+    self._origin: float | None = None
+    self.retire_after = retire_after
+    self._above_since: float | None = None
+
+  def cap(self) -> int | None:
+    return self._cap() if callable(self._cap) else self._cap
+
+  def __call__(self, manager, now: float) -> None:
+    if self._origin is None:
+      self._origin = now
+    if self.schedule is not None:
+      for ev in self.schedule.due(now - self._origin):
+        if ev.kind == ADD:
+          self.available.add(ev.node)
+        elif ev.kind == REMOVE:
+          self.available.discard(ev.node)
+          w = self.workers.pop(ev.node, None)
+          if w is not None:
+            self._preempt(w)
+            self.log.append((now, "preempt", w.worker_id))
+    for node, w in list(self.workers.items()):
+      if w.worker_id not in manager.workers:
+        del self.workers[node]
+        self.log.append((now, "gone", w.worker_id))
+    cap, wanted = self.cap(), getattr(manager, "worker_cap", None)
+    if wanted is not None:
+      cap = wanted if cap is None else min(cap, wanted)
+    want = len(self.available) if cap is None else min(cap, len(self.available))
+    for node in sorted(self.available - set(self.workers)):
+      if len(self.workers) >= want:
+        break
+      n = self.starts.get(node, 0)
+      self.starts[node] = n + 1
+      w = self.factory(f"{self.prefix}{node}.{n}")
+      self.workers[node] = w
+      manager.add_worker(w)
+      self.log.append((now, "start", w.worker_id))
+    extra = len(self.workers) - want
+    if extra <= 0:
+      self._above_since = None
+      return
+    if self._above_since is None:
+      self._above_since = now
+    if now - self._above_since < self.retire_after:
+      return
+    self._above_since = None
+    for node in list(self.workers)[::-1][:extra]:
+      w = self.workers.pop(node)
+      if w.worker_id in manager.workers:
+        manager.retire_worker(w.worker_id)
+      self.log.append((now, "retire", w.worker_id))

@@ -1,0 +1,407 @@
+"""Continuous-batching generation engine for RL rollout (host-side bookkeeping).
+
+The device side is three pure jitted functions in `rollout.engine.slots` (prefill, prefix copy,
+chunked decode) over a fixed slot cache; this class only decides what goes where. Each
+`step()`:
+
+1. admits waiting requests into free slots (FIFO, lowest slots first). Requests whose prefill
+   sequence (prompt, or prompt + partial response for a resumed request, minus the pending last
+   token) is identical share one prefill: a request whose prefix is held by a live slot (or by
+   a freed slot not reused since) takes it by a row copy (or in place) with no prefill; the
+   others are prefilled once per distinct prefix, in `[batch_bucket, len_bucket]` blocks;
+2. packs live requests into the lowest slots when that shrinks the decode batch bucket, then
+   runs `stream_every` decode steps over the smallest (rows, width) bucket that covers them;
+3. turns the new tokens into one `TokenChunk` per live request (tokens, logprobs, the weight
+   version), finishes requests on a stop token or an exhausted budget, and frees their slots.
+
+Randomness is `fold_in(request.key, response_index)`, so outputs do not depend on slot,
+batch, arrival order or interruption. The host state between steps is exact: `abort()` returns
+each request with every token generated so far, ready to be resumed on any engine.
+
+Design choices:
+- KV layout: one contiguous `max_len` row per slot, not pages. A paged cache pays off when
+  rows are much shorter than `max_len` on average; with the XLA attention of `models.forward`
+  (no paged-attention kernel) it needs a gather of every row's pages each step. Here the
+  decode window (rows x width buckets) already makes a step's cost follow the live lengths,
+  and shared prompts cost one row copy at admission.
+- Weight swap (`set_weights`) takes effect at the next decode step. By default the KV of
+  in-flight requests is kept (computed with the older weights); every token sampled afterwards
+  comes from the new weights' logits and carries the new version (the pending-token design of
+  `rollout.engine.slots` makes that exact). Prefixes cached under the old weights are not shared
+  with new admissions. With `EngineConfig.recompute_kv_on_swap`, running requests are re-queued at
+  the front and re-prefilled with the new weights instead.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import numpy as np
+
+from jaxrl_sys.models import kv_cache as kvc
+from jaxrl_sys.models.config import ModelConfig
+from jaxrl_sys.rollout.engine import slots
+from jaxrl_sys.rollout.engine.config import EngineConfig, EngineStats
+from jaxrl_sys.rollout.types import Completion, FinishReason, Request, TokenChunk
+
+pick = slots.pick_bucket
+
+
+class Engine:
+  """A continuous-batching engine over `num_slots` slots. Not thread-safe: drive it from one
+  thread (`submit`, `step`, `abort`, `set_weights` between steps)."""
+
+  def __init__(self, model_config: ModelConfig, params: Any, config: EngineConfig = EngineConfig(),
+               version: int = 0, on_chunk: Callable[[list[TokenChunk]], None] | None = None,
+               moe_state: Any = None):
+    """`moe_state` is the policy's MoE balancing state (`models.moe.MoEState`: the routing
+    biases of aux-free / BIP balancing steer top-k selection, so rollout must use the trainer's);
+    None means zeros for an MoE model."""
+    if config.max_len > model_config.max_seq_len:
+      raise ValueError(f"EngineConfig.max_len={config.max_len} exceeds the model's max_seq_len="
+                       f"{model_config.max_seq_len}")
+    self.model_config, self.config, self.on_chunk = model_config, config, on_chunk
+    self.params, self.version = params, int(version)
+    self.moe_state = self._moe_state(moe_state)
+    self._param_shapes = _shapes((params, self.moe_state))
+    s = config.num_slots
+    dtype = None if config.cache_dtype is None else jax.numpy.dtype(config.cache_dtype)
+    self.cache = kvc.init_cache(model_config, s, config.max_len, dtype)
+    self._pending = np.zeros((s,), np.int32)   # token to feed next
+    self._keys = np.zeros((s, 2), np.uint32)
+    self._index = np.zeros((s,), np.int32)     # response index of the next sampled token
+    self._budget = np.zeros((s,), np.int32)    # tokens still allowed
+    self._written = np.zeros((s,), np.int32)   # cache slots holding the sequence (write_pos)
+    self._live = np.zeros((s,), bool)
+    self._req: list[Request | None] = [None] * s
+    self._prefix: list[bytes | None] = [None] * s  # intact prefill prefix of the slot's rows
+    self._waiting: collections.deque[Request] = collections.deque()
+    self._ids: set[int] = set()
+    self._key_of: dict[int, bytes] = {}
+    self._waiting_keys: collections.Counter[bytes] = collections.Counter()
+    self._done: list[Completion] = []
+    self.stats = EngineStats()
+
+  # ----- queries -------------------------------------------------------------------------------
+  @property
+  def num_running(self) -> int:
+    return int(self._live.sum())
+
+  @property
+  def num_waiting(self) -> int:
+    return len(self._waiting)
+
+  @property
+  def num_unread_completions(self) -> int:
+    return len(self._done)
+
+  def has_work(self) -> bool:
+    return bool(self._waiting) or bool(self._live.any())
+
+  def running_requests(self) -> list[Request]:
+    """Copies of the running requests with their exact partial state (e.g. to checkpoint)."""
+    return [dataclasses.replace(self._req[s]) for s in np.flatnonzero(self._live)]
+
+  def waiting_ids(self) -> list[int]:
+    """Ids of the requests queued for admission, in queue order."""
+    return [r.request_id for r in self._waiting]
+
+  def take_completions(self) -> list[Completion]:
+    """Completions finished since the last call (each is returned once)."""
+    out, self._done = self._done, []
+    return out
+
+  # ----- requests ------------------------------------------------------------------------------
+  def submit(self, requests: Sequence[Request] | Request) -> None:
+    """Queues requests (fresh or partially generated); validates each against the context."""
+    batch = [dataclasses.replace(r) for r in ([requests] if isinstance(requests, Request)
+                                               else requests)]  # never mutate the caller's
+    ids = [r.request_id for r in batch]
+    if len(set(ids)) != len(ids):
+      raise ValueError(f"duplicate request ids in one submit: {sorted(ids)}")
+    for r in batch:
+      self._validate(r)
+    stops = self.config.sampling.stop_tokens
+    for r in batch:
+      self._ids.add(r.request_id)
+      if r.num_generated and int(r.tokens[-1]) in stops:
+        self._finish(r, FinishReason.STOP)
+      elif r.remaining == 0:
+        self._finish(r, FinishReason.LENGTH)
+      else:
+        self._enqueue(r)
+
+  def _validate(self, r: Request) -> None:
+    total = len(r.prompt) + r.max_new_tokens
+    if total > self.config.max_len:
+      raise ValueError(
+          f"request {r.request_id}: prompt longer than the context: prompt length "
+          f"{len(r.prompt)} + max_new_tokens {r.max_new_tokens} = {total} > engine max_len "
+          f"{self.config.max_len}")
+    if r.max_new_tokens <= 0:
+      raise ValueError(f"request {r.request_id}: max_new_tokens must be > 0")
+    seq = np.concatenate([r.prompt, r.tokens])
+    if seq.min() < 0 or seq.max() >= self.model_config.vocab_size:
+      raise ValueError(f"request {r.request_id}: token ids outside [0, vocab_size="
+                       f"{self.model_config.vocab_size})")
+    if len(seq) - 1 > self.config.prefill_buckets[-1]:
+      raise ValueError(f"request {r.request_id}: prefill length {len(seq) - 1} exceeds the "
+                       f"largest prefill bucket {self.config.prefill_buckets[-1]}")
+    if r.request_id in self._ids:
+      raise ValueError(f"request {r.request_id} is already in this engine")
+    if r.min_version > self.version:
+      raise ValueError(f"request {r.request_id} needs weight version >= {r.min_version}; this "
+                       f"engine has version {self.version}")
+
+  def abort(self, request_ids: Iterable[int] | None = None) -> list[Request]:
+    """Stops requests (all when None) and returns their exact partial state (resumable).
+
+    Running requests come first (slot order), then waiting ones (queue order). Unknown ids
+    (e.g. already completed) are ignored.
+    """
+    want = None if request_ids is None else {int(i) for i in request_ids}
+    out = []
+    for s in np.flatnonzero(self._live):
+      if want is None or self._req[s].request_id in want:
+        out.append(self._req[s])
+        self._release(s)
+    keep = collections.deque()
+    for r in self._waiting:
+      if want is None or r.request_id in want:
+        out.append(r)
+        self._waiting_keys[self._key_of[r.request_id]] -= 1
+      else:
+        keep.append(r)
+    self._waiting = keep
+    for r in out:
+      self._ids.discard(r.request_id)
+      self._key_of.pop(r.request_id, None)
+    self.stats.aborted += len(out)
+    return out
+
+  def _moe_state(self, moe_state: Any) -> Any:
+    if self.model_config.moe is None:
+      if moe_state is not None:
+        raise ValueError("moe_state given for a dense model (model_config.moe is None)")
+      return None
+    if moe_state is None:
+      from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
+      return moe.init_moe_state(self.model_config)
+    return moe_state
+
+  def set_weights(self, params: Any, version: int, moe_state: Any = None) -> None:
+    """Uses `params` (same structure, shapes and dtypes) and `moe_state` (MoE models; None =
+    zeros) for every token generated from now on; those tokens carry `version`. Running
+    requests keep their KV unless `config.recompute_kv_on_swap`, which re-queues them first to
+    be re-prefilled."""
+    moe_state = self._moe_state(moe_state)
+    if _shapes((params, moe_state)) != self._param_shapes:
+      raise ValueError("set_weights: params differ in structure, shape or dtype from the "
+                       "engine's (this would recompile every function)")
+    self.params, self.version, self.moe_state = params, int(version), moe_state
+    self._prefix = [None] * self.config.num_slots  # new admissions prefill with the new weights
+    if self.config.recompute_kv_on_swap:
+      running = [self._req[s] for s in np.flatnonzero(self._live)]
+      for s in np.flatnonzero(self._live):
+        self._release(s)
+      for r in reversed(running):
+        self._enqueue(r, front=True)
+
+  def _release(self, s: int) -> None:
+    # the slot's prefix stays registered: its rows stay intact until the slot is reused
+    self._live[s] = False
+    self._req[s] = None
+
+  def _enqueue(self, r: Request, front: bool = False) -> None:
+    key = np.concatenate([r.prompt, r.tokens])[:-1].tobytes()
+    self._key_of[r.request_id] = key
+    self._waiting_keys[key] += 1
+    (self._waiting.appendleft if front else self._waiting.append)(r)
+
+  def _finish(self, r: Request, reason: FinishReason) -> None:
+    self._ids.discard(r.request_id)
+    self._key_of.pop(r.request_id, None)
+    self._done.append(Completion(r, reason))
+    self.stats.completed += 1
+
+  # ----- device calls --------------------------------------------------------------------------
+  def _call(self, fn, *args, **kwargs):
+    size = getattr(fn, "_cache_size", lambda: 0)
+    before = size()
+    out = fn(*args, **kwargs)
+    self.stats.compilations += size() - before
+    return out
+
+  def _decode(self, rows: int, width: int, live):
+    c = self.config
+    out = self._call(slots.decode, self.params, self.cache, self._pending[:rows],
+                     self._keys[:rows], self._index[:rows], self._budget[:rows], live,
+                     self.moe_state, config=self.model_config, sampling=c.sampling,
+                     num_steps=c.stream_every, width=width)
+    self.cache = out[0]
+    return out[1:]
+
+  def _copy(self, moves: list[tuple[int, int, int]]) -> None:
+    """Copies `(src, dst, length)` prefixes (any number) in calls of `num_slots` entries."""
+    n = self.config.num_slots
+    for i in range(0, len(moves), n):
+      part = moves[i:i + n]
+      src, lens = np.zeros((n,), np.int32), np.zeros((n,), np.int32)
+      dst = np.full((n,), n, np.int32)
+      for j, (a, d, m) in enumerate(part):
+        src[j], dst[j], lens[j] = a, d, m
+      t = pick(max(int(lens.max()), 1), self.config.copy_buckets)
+      self.cache = self._call(slots.copy_prefix, self.cache, src, dst, lens, t=t)
+      self.stats.copy_calls += 1
+
+  def warmup(self) -> None:
+    """Compiles every prefill / copy / decode variant now (no state change): afterwards a
+    stream of requests of any admissible length runs without compiling."""
+    c, n = self.config, self.config.num_slots
+    for t in c.prefill_buckets:
+      for b in c.prefill_batch_buckets:
+        self.cache = self._call(slots.prefill, self.params, self.cache, np.zeros((b, t), np.int32),
+                                np.zeros((b,), np.int32), np.full((b,), n, np.int32),
+                                self.moe_state, config=self.model_config)
+    for t in c.copy_buckets:
+      self.cache = self._call(slots.copy_prefix, self.cache, np.zeros((n,), np.int32),
+                              np.full((n,), n, np.int32), np.zeros((n,), np.int32), t=t)
+    for rows in c.decode_row_buckets:
+      for width in c.decode_len_buckets:
+        self._decode(rows, width, np.zeros((rows,), bool))
+    jax.block_until_ready(self.cache)
+
+  def _free_order(self) -> list[int]:
+    """Free slots, lowest first, those holding a prefix a waiting request wants last."""
+    free = [int(s) for s in np.flatnonzero(~self._live)]
+    return sorted(free, key=lambda s: (self._prefix[s] is not None
+                                       and self._waiting_keys[self._prefix[s]] > 0, s))
+
+  def _admit(self) -> None:
+    """Moves waiting requests into free slots: prefix copies or batched prefills."""
+    c = self.config
+    free = self._free_order()
+    if not free or not self._waiting:
+      return
+    # Slots whose cached prefix is intact: live ones, and free ones not reused since.
+    sources: dict[bytes, list[int]] = collections.defaultdict(list)
+    for s in range(c.num_slots) if c.share_prefixes else ():
+      if self._prefix[s] is not None:
+        sources[self._prefix[s]].append(s)
+    leaders: list[tuple[np.ndarray, int]] = []
+    copies: list[tuple[int, int, int]] = []
+    while self._waiting and free:
+      r = self._waiting.popleft()
+      key = self._key_of[r.request_id]
+      n = len(key) // 4
+      self._waiting_keys[key] -= 1
+      own = [s for s in sources.get(key, ()) if s in free]  # a free slot holding this prefix
+      s = own[0] if own else free[0]
+      free.remove(s)
+      if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
+        sources[self._prefix[s]].remove(s)
+      src = [a for a in sources.get(key, ()) if a != s]  # live, or prefilled this round
+      if n == 0 or own:
+        copies.append((s, s, n))  # reset the slot's metadata, rows already in place
+      elif src:
+        copies.append((src[0], s, n))  # copies run after this round's prefills
+      else:
+        leaders.append((np.concatenate([r.prompt, r.tokens])[:-1], s))
+      self.stats.prefix_hits += int(n > 0 and bool(own or src))
+      if c.share_prefixes:
+        sources[key].append(s)
+      self._req[s], self._prefix[s], self._live[s] = r, key, True
+      self._pending[s] = r.tokens[-1] if r.num_generated else r.prompt[-1]
+      self._keys[s], self._index[s], self._budget[s] = r.key, r.num_generated, r.remaining
+      self._written[s] = n
+      self.stats.admitted += 1
+    leaders.sort(key=lambda x: len(x[0]))
+    max_b = c.prefill_batch_buckets[-1]
+    for i in range(0, len(leaders), max_b):
+      part = leaders[i:i + max_b]
+      b = pick(len(part), c.prefill_batch_buckets)
+      t = pick(max(len(q) for q, _ in part), c.prefill_buckets)
+      toks, lens = np.zeros((b, t), np.int32), np.zeros((b,), np.int32)
+      dst = np.full((b,), c.num_slots, np.int32)
+      for j, (q, s) in enumerate(part):
+        toks[j, :len(q)], lens[j], dst[j] = q, len(q), s
+      self.cache = self._call(slots.prefill, self.params, self.cache, toks, lens, dst,
+                              self.moe_state, config=self.model_config)
+      self.stats.prefill_calls += 1
+      self.stats.prefill_rows += len(part)
+      self.stats.prefill_tokens += int(lens.sum())
+      self.stats.prefill_padded_tokens += b * t
+    if copies:
+      self._copy(copies)
+
+  def _pack(self) -> None:
+    """Moves live requests down into free low slots when that shrinks the decode rows bucket."""
+    live = np.flatnonzero(self._live)
+    target = pick(len(live), self.config.decode_row_buckets)
+    if pick(int(live[-1]) + 1, self.config.decode_row_buckets) <= target:
+      return
+    holes = [s for s in self._free_order() if s < target]
+    movers = [int(s) for s in live if s >= target]
+    moves = [(a, d, int(self._written[a])) for a, d in zip(movers, holes)]
+    self._copy(moves)
+    for a, d, _ in moves:
+      for arr in (self._pending, self._keys, self._index, self._budget, self._written):
+        arr[d] = arr[a]
+      self._req[d], self._prefix[d], self._live[d] = self._req[a], self._prefix[a], True
+      self._release(a)
+    self.stats.moved_rows += len(moves)
+
+  def step(self) -> list[TokenChunk]:
+    """Admits waiting requests, runs up to `stream_every` decode steps, and returns one chunk
+    per request that produced tokens (finished ones have `finish` set and are also queued as
+    completions, see `take_completions`)."""
+    self._admit()
+    if not self._live.any():
+      return []
+    self._pack()
+    c, live = self.config, np.flatnonzero(self._live)
+    rows = pick(int(live[-1]) + 1, c.decode_row_buckets)
+    need = self._written[live] + np.minimum(self._budget[live], c.stream_every)
+    width = pick(int(need.max()), c.decode_len_buckets)
+    out = self._decode(rows, width, self._live[:rows].copy())
+    toks, lps, count, stopped, steps = jax.device_get(out)
+    self.stats.decode_calls += 1
+    self.stats.decode_steps += int(steps)
+    self.stats.decode_row_steps += int(steps) * rows
+    chunks = []
+    for s in live:
+      n, r = int(count[s]), self._req[s]
+      if n == 0:
+        continue
+      start = r.num_generated
+      r.extend(toks[s, :n], lps[s, :n], self.version)
+      self._pending[s] = toks[s, n - 1]
+      self._index[s] += n
+      self._budget[s] -= n
+      self._written[s] += n
+      self.stats.generated_tokens += n
+      finish = (FinishReason.STOP if stopped[s] else
+                FinishReason.LENGTH if self._budget[s] <= 0 else None)
+      chunks.append(TokenChunk(r.request_id, start, toks[s, :n].copy(), lps[s, :n].copy(),
+                               self.version, finish))
+      if finish is not None:
+        self._release(s)
+        self._finish(r, finish)
+    if self.on_chunk is not None and chunks:
+      self.on_chunk(chunks)
+    return chunks
+
+  def run(self, max_steps: int | None = None) -> list[Completion]:
+    """Steps until no work is left (or `max_steps`); returns the completions."""
+    n = 0
+    while self.has_work() and (max_steps is None or n < max_steps):
+      self.step()
+      n += 1
+    return self.take_completions()
+
+
+def _shapes(tree) -> Any:
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)

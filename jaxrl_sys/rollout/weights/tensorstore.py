@@ -1,0 +1,299 @@
+"""The tensorstore weight store: versions as files under a directory or any tensorstore kvstore
+URL (`file://`, `gs://`, `memory://`), for workers on other machines (layout in `weights`)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import threading
+import urllib.parse
+import zlib
+from typing import Any, Iterable
+
+import numpy as np
+
+from jaxrl_sys.rollout.weights.base import CorruptWeightsError
+from jaxrl_sys.rollout.weights import io as weights_io
+from jaxrl_sys.rollout.weights.io import (BackgroundPublisher, BackgroundStore,
+                                          bytes_view, check_chunk, decode_tree, encode_tree,
+                                          run_parallel, dtype_from_name, host_leaves, verify_leaves)
+
+_log = logging.getLogger(__name__)
+
+
+# ----- tensorstore backend -----------------------------------------------------------------------
+_KVSTORES: dict[str, Any] = {}
+_KV_LOCK = threading.Lock()
+
+
+def _url(path_or_url: str | os.PathLike) -> str:
+  path_or_url = os.fspath(path_or_url)
+  if "://" not in path_or_url:
+    return "file://" + urllib.parse.quote(os.path.abspath(path_or_url).rstrip("/")) + "/"
+  return path_or_url if path_or_url.endswith("/") else path_or_url + "/"
+
+
+def _kvstore(url: str):
+  """One open kvstore per URL per process (so `memory://` is shared by a store and its refs)."""
+  import tensorstore as ts  # pylint: disable=import-outside-toplevel
+  with _KV_LOCK:
+    if url not in _KVSTORES:
+      _KVSTORES[url] = ts.KvStore.open(url).result()
+    return _KVSTORES[url]
+
+
+def _local_dir(url: str) -> str | None:
+  """The directory of a `file://` URL (read with plain file calls: no tensorstore start-up)."""
+  return urllib.parse.unquote(url[len("file://"):]) if url.startswith("file://") else None
+
+
+def _read_key(url: str, key: str) -> bytes | None:
+  """One small value (None if missing)."""
+  local = _local_dir(url)
+  if local is None:
+    got = _kvstore(url).read(key).result()
+    return got.value if got.state == "value" else None
+  try:
+    with open(os.path.join(local, key), "rb") as f:
+      return f.read()
+  except FileNotFoundError:
+    return None
+
+
+def _prefix_range(prefix: str):
+  import tensorstore as ts  # pylint: disable=import-outside-toplevel
+  return ts.KvStore.KeyRange(prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorstoreWeightRef:
+  """Committed version `version` under `url`: plain data, pickles anywhere.
+
+  Attributes:
+    url: the kvstore URL of the store's root (ends with "/").
+    version, nbytes: the version and the total bytes of its arrays.
+    manifest_crc32: crc32 of the committed manifest (a replaced manifest is refused).
+  """
+  url: str
+  version: int
+  nbytes: int
+  manifest_crc32: int
+
+  def fetch(self) -> tuple[Any, Any]:
+    """Reads and verifies `(params, moe_state)` as host numpy arrays (bfloat16 via ml_dtypes).
+
+    Raises:
+      CorruptWeightsError: manifest or array missing, truncated, or failing its crc32.
+    """
+    v, where = self.version, self.url
+    raw = _read_key(self.url, f"v{v}/manifest.json")
+    if raw is None:
+      raise CorruptWeightsError(f"weight version {v} at {where}: manifest.json is missing "
+                                "(deleted by gc, or never committed)")
+    if zlib.crc32(raw) != self.manifest_crc32:
+      raise CorruptWeightsError(f"weight version {v} at {where}: manifest.json fails its crc32")
+    try:
+      m = json.loads(raw)
+      arrays = [(a["path"], f"v{v}/{a['key']}", tuple(a["shape"]), dtype_from_name(a["dtype"]),
+                 a["crc32"]) for a in m["arrays"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+      raise CorruptWeightsError(f"weight version {v} at {where}: bad manifest ({e})") from e
+    local = _local_dir(self.url)
+    leaves = (_read_files(local, arrays, v, where) if local is not None
+              else _read_kvstore(_kvstore(self.url), arrays, v, where))
+    try:
+      return decode_tree(m["tree"], leaves)
+    except (ValueError, KeyError, TypeError, IndexError, ImportError, AttributeError) as e:
+      raise CorruptWeightsError(f"weight version {v} at {where}: bad tree in manifest ({e})") from e
+
+
+def _size_error(v: int, where: str, path: str, got: int, want: int) -> CorruptWeightsError:
+  kind = "truncated" if got < want else "too long"
+  return CorruptWeightsError(f"weight version {v} at {where}: array {path} is {kind} "
+                             f"({got} of {want} bytes)")
+
+
+def _read_files(root: str, arrays, v: int, where: str) -> list[np.ndarray]:
+  """The `file` kvstore fast path: `preadv` straight into the arrays, crc32 each chunk as read."""
+  bufs = [np.empty(shape, dtype) for _, _, shape, dtype, _ in arrays]
+  fds: list[int] = []
+  try:
+    tasks, sizes = [], []
+    for (path, key, _, _, crcs), buf in zip(arrays, bufs):
+      try:
+        fds.append(os.open(os.path.join(root, key), os.O_RDONLY))
+      except FileNotFoundError as e:
+        raise CorruptWeightsError(f"weight version {v} at {where}: array {path} is missing "
+                                  "(deleted by gc, or never written)") from e
+      size = os.fstat(fds[-1]).st_size
+      if size != buf.nbytes:
+        raise _size_error(v, where, path, size, buf.nbytes)
+      if len(crcs) != -(-buf.nbytes // weights_io.CHUNK_BYTES):
+        raise CorruptWeightsError(f"weight version {v} at {where}: the manifest lists "
+                                  f"{len(crcs)} checksums for the {size} bytes of {path}")
+      for k, want in enumerate(crcs):
+        tasks.append(lambda fd=fds[-1], mv=bytes_view(buf), k=k, want=want, path=path:
+                     _read_chunk(fd, mv, k, want, v, where, path))
+        sizes.append(min(weights_io.CHUNK_BYTES, size - k * weights_io.CHUNK_BYTES))
+    run_parallel(tasks, sizes)
+  finally:
+    for fd in fds:
+      os.close(fd)
+  return bufs
+
+
+def _read_chunk(fd: int, mv: memoryview, k: int, want: int, v: int, where: str, path: str):
+  part = mv[k * weights_io.CHUNK_BYTES:(k + 1) * weights_io.CHUNK_BYTES]
+  n = os.preadv(fd, [part], k * weights_io.CHUNK_BYTES)
+  if n != len(part):
+    raise _size_error(v, where, path, k * weights_io.CHUNK_BYTES + n, len(mv))
+  check_chunk(zlib.crc32(part), want, where, v, path, k)
+
+
+def _read_kvstore(kv, arrays, v: int, where: str) -> list[np.ndarray]:
+  """Any other kvstore: read every key concurrently, then verify in parallel."""
+  futures = [kv.read(key) for _, key, _, _, _ in arrays]
+  leaves = []
+  for (path, _, shape, dtype, _), f in zip(arrays, futures):
+    got = f.result()
+    want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if got.state != "value":
+      raise CorruptWeightsError(f"weight version {v} at {where}: array {path} is missing "
+                                "(deleted by gc, or never written)")
+    if len(got.value) != want:
+      raise _size_error(v, where, path, len(got.value), want)
+    leaves.append(np.frombuffer(got.value, dtype).reshape(shape))
+  verify_leaves(leaves, [a[4] for a in arrays], [a[0] for a in arrays], v, where)
+  return leaves
+
+
+def _read_latest(url: str) -> TensorstoreWeightRef | None:
+  raw = _read_key(url, "LATEST")
+  if raw is None:
+    return None
+  try:
+    p = json.loads(raw)
+    return TensorstoreWeightRef(url, int(p["version"]), int(p["nbytes"]), int(p["manifest_crc32"]))
+  except (ValueError, KeyError, TypeError) as e:
+    raise CorruptWeightsError(f"{url}LATEST is not a weight pointer ({e}): {raw[:80]!r}") from e
+
+
+def open_latest(path_or_url: str | os.PathLike) -> TensorstoreWeightRef | None:
+  """The newest committed version under `path_or_url` (a directory or kvstore URL), or None
+  before the first commit: what a worker that starts on its own calls."""
+  return _read_latest(_url(path_or_url))
+
+
+class TensorstoreWeightStore(BackgroundStore):
+  """Versions written under a directory or tensorstore kvstore URL (see the module docstring).
+
+  `publish` takes a host copy synchronously and writes in the background; `ref(v)` is None until
+  v's `LATEST` pointer is written. Opening an existing root resumes it: committed versions are
+  listed, and half-written ones (a crashed publish) are deleted by the next `gc`.
+
+  Args:
+    path_or_url: a local directory, or a kvstore URL (`file:///d/`, `gs://bucket/run/`, ...).
+    max_pending: host copies allowed to wait for writing before `publish` blocks.
+  """
+
+  def __init__(self, path_or_url: str | os.PathLike, *, max_pending: int = 2):
+    self.url = _url(path_or_url)
+    self._kv = _kvstore(self.url)
+    super().__init__()
+    latest = _read_latest(self.url)
+    dirs: dict[int, bool] = {}
+    for key in self._kv.list().result():
+      hit = re.fullmatch(r"v(\d+)/(.*)", key.decode())
+      if hit:
+        v = int(hit.group(1))
+        dirs[v] = dirs.get(v, False) or hit.group(2) == "manifest.json"
+    top = -1 if latest is None else latest.version
+    self._refs: dict[int, TensorstoreWeightRef | None] = {
+        v: None for v, has_manifest in dirs.items() if has_manifest and v <= top}
+    if latest is not None:
+      self._refs[top] = latest
+    self._orphans = set(dirs) - set(self._refs)
+    self._bg = BackgroundPublisher(self.url, max_pending)
+    self._bg.last = top
+
+  def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
+    import jax  # pylint: disable=import-outside-toplevel
+    leaves, treedef = host_leaves(params, moe_state)
+    tree = encode_tree(jax.tree.unflatten(treedef, list(range(len(leaves)))))
+    paths = [jax.tree_util.keystr(p) for p, _ in
+             jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(treedef, leaves))[0]]
+    self._bg.submit(int(version), lambda: self._write(int(version), leaves, tree, paths))
+
+  def _put(self, key: str, value: bytes):
+    """One kvstore write (a future); tests replace it to simulate a crash."""
+    return self._kv.write(key, value)
+
+  def _write(self, v: int, leaves: list[np.ndarray], tree: Any, paths: list[str]) -> None:
+    self._kv.delete_range(_prefix_range(f"v{v}/")).result()  # leftovers of a crashed attempt
+    arrays, inflight = [], []
+    try:
+      for i, (x, path) in enumerate(zip(leaves, paths)):
+        crcs = [zlib.crc32(bytes_view(x)[o:o + weights_io.CHUNK_BYTES])
+                for o in range(0, x.nbytes, weights_io.CHUNK_BYTES)]
+        arrays.append({"key": f"a{i}", "path": path, "shape": list(x.shape),
+                       "dtype": x.dtype.name, "nbytes": x.nbytes, "crc32": crcs})
+        inflight.append((self._put(f"v{v}/a{i}", x.tobytes()), x.nbytes))
+        while sum(n for _, n in inflight) > 256 << 20:  # bound the bytes copies in flight
+          inflight.pop(0)[0].result()
+      for f, _ in inflight:
+        f.result()
+    except BaseException:
+      for f, _ in inflight:  # no write of this attempt may land after the failure is reported
+        f.exception()
+      raise
+    nbytes = sum(x.nbytes for x in leaves)
+    manifest = json.dumps({"format": "jaxrl_sys.weights/1", "version": v, "nbytes": nbytes,
+                           "checksum": "crc32", "chunk_bytes": weights_io.CHUNK_BYTES, "tree": tree,
+                           "arrays": arrays}).encode()
+    self._put(f"v{v}/manifest.json", manifest).result()
+    ref = TensorstoreWeightRef(self.url, v, nbytes, zlib.crc32(manifest))
+    self._put("LATEST", json.dumps({"version": v, "nbytes": nbytes,
+                                    "manifest_crc32": ref.manifest_crc32}).encode()).result()
+    with self._lock:
+      self._refs[v] = ref
+      self._orphans.discard(v)
+
+  def ref(self, version: int | None = None) -> TensorstoreWeightRef | None:
+    with self._lock:
+      if version is None:
+        version = max(self._refs) if self._refs else None
+      if version not in self._refs:
+        return None
+      ref = self._refs[version]
+    if ref is None:  # committed before this store was opened: read its manifest once
+      raw = _read_key(self.url, f"v{version}/manifest.json")
+      if raw is None:
+        return None
+      ref = TensorstoreWeightRef(self.url, version, int(json.loads(raw)["nbytes"]),
+                                 zlib.crc32(raw))
+      with self._lock:
+        if version in self._refs:
+          self._refs[version] = ref
+    return ref
+
+  def gc(self, in_use: Iterable[int]) -> list[int]:
+    keep = set(int(v) for v in in_use)
+    with self._lock:
+      newest = max(self._refs) if self._refs else -1
+      drop = [v for v in self._refs if v != newest and v not in keep]
+      drop += [v for v in self._orphans if v < newest]
+      for v in drop:
+        self._refs.pop(v, None)
+        self._orphans.discard(v)
+    local = _local_dir(self.url)
+    for v in drop:  # manifest first: a reader then fails cleanly instead of half-reading
+      self._kv.delete_range(_prefix_range(f"v{v}/manifest.json")).result()
+      self._kv.delete_range(_prefix_range(f"v{v}/")).result()
+      if local is not None:
+        try:
+          os.rmdir(os.path.join(local, f"v{v}"))
+        except OSError:
+          pass
+    return sorted(drop)

@@ -1,0 +1,227 @@
+"""The engine side of the worker protocol (`workers.protocol`): `WorkerServer` applies
+`Commands` to an `Engine` and builds `WorkerReport`s.
+
+The in-process worker (`InProcessWorker`, the embedded default) runs it synchronously inside
+`receive()`; `workers.thread.ThreadWorker` runs it on a thread of its own (several engines of
+this process side by side); the Ray actor (`workers.ray`) runs the same class on a background
+thread of another process.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxrl_sys.models.config import ModelConfig
+from jaxrl_sys.rollout.clock import Clock
+from jaxrl_sys.rollout.engine.check import check_weights
+from jaxrl_sys.rollout.engine.config import EngineConfig
+from jaxrl_sys.rollout.engine.engine import Engine
+from jaxrl_sys.rollout.types import FinishReason, Request, TokenChunk
+from jaxrl_sys.rollout.workers.protocol import Commands, WorkerLost, WorkerReport
+
+
+def _profile(rows: list[tuple[int, int, float]]) -> np.ndarray:
+  return np.asarray(rows, np.float64).reshape(-1, 3)
+
+
+class WorkerServer:
+  """The worker side of the protocol: an `Engine` driven by `Commands`.
+
+  Built without weights: the engine is created by the first `load`. `step()` runs one engine
+  step and buffers its chunks; `report()` drains everything buffered into a `WorkerReport`.
+  Not thread-safe: the Ray actor serialises calls with a lock.
+
+  Args:
+    worker_id: the worker's name.
+    model_config, engine_config: what the engine is built with.
+    warmup: compile every engine shape right after the first weights arrive.
+    token_delay: seconds to sleep per generated token (a slower device, on purpose: tests and
+      benchmarks of load balancing and offload on one machine).
+  """
+
+  def __init__(self, worker_id: str, model_config: ModelConfig, engine_config: EngineConfig,
+               warmup: bool = False, token_delay: float = 0.0):
+    self.worker_id, self.model_config, self.engine_config = worker_id, model_config, engine_config
+    self.token_delay = float(token_delay)
+    self.engine: Engine | None = None
+    self._warmup = warmup
+    self._seq = 0
+    self._chunks: list[TokenChunk] = []
+    self._profile: list[tuple[int, int, float]] = []
+    self._pulls: list[tuple[int, float]] = []
+    self._failed_pulls: list[tuple[int, str]] = []
+    self._rejected: list[tuple[int, str]] = []
+    self.loading = -1
+    self.stopped = False
+
+  @property
+  def version(self) -> int:
+    return -1 if self.engine is None else self.engine.version
+
+  # ----- commands ------------------------------------------------------------------------------
+  def apply(self, commands: Commands, *, fetch: bool = True) -> None:
+    """Applies `commands` (abort, then load, then submit). With `fetch=False` the caller pulls
+    the weights itself (a background thread) and calls `swap` when they arrive."""
+    if commands.abort:
+      self.abort(commands.abort)
+    if commands.load is not None:
+      self.loading = int(commands.load.version)
+      if fetch:
+        t0 = time.monotonic()
+        try:
+          params, moe_state = self.pull(commands.load)
+        except Exception as e:  # pylint: disable=broad-except
+          self.pull_failed(commands.load.version, e)
+        else:
+          self.swap(commands.load.version, params, moe_state, time.monotonic() - t0)
+    if commands.submit:
+      self.submit(commands.submit)
+    if commands.shutdown:
+      self.stopped = True
+
+  def exchange(self, commands: Commands) -> WorkerReport:
+    """One exchange in this thread: apply `commands`, run one engine step, report."""
+    self.apply(commands)
+    self.step()
+    return self.report()
+
+  def abort(self, request_ids: Sequence[int]) -> None:
+    if self.engine is not None:
+      self.engine.abort(request_ids)
+    # Acknowledge every id: all its token chunks are already buffered before this one.
+    for rid in request_ids:
+      self._chunks.append(TokenChunk(int(rid), -1, np.zeros((0,), np.int32),
+                                     np.zeros((0,), np.float32), self.version,
+                                     FinishReason.ABORTED))
+
+  def pull(self, ref: Any) -> tuple[Any, Any]:
+    """Fetches a weight version (`ref.fetch()`, which verifies its checksums) and checks it fits
+    the model; raises `CorruptWeightsError` / `WeightMismatchError` (the caller reports a
+    failed pull and keeps serving its previous version)."""
+    params, moe_state = ref.fetch()
+    check_weights(self.model_config, params, int(ref.version))
+    return params, moe_state
+
+  def swap(self, version: int, params: Any, moe_state: Any, seconds: float) -> None:
+    """Serves `version` from now on (creates the engine on the first call)."""
+    if self.engine is None:
+      engine = Engine(self.model_config, params, self.engine_config, version=version,
+                      moe_state=moe_state)
+      if self._warmup:
+        engine.warmup()  # before the engine is visible: the worker reports a version only then
+      self.engine = engine
+    elif version > self.engine.version:
+      self.engine.set_weights(params, version, moe_state)
+    self._pulls.append((int(version), float(seconds)))
+    if self.loading == version:
+      self.loading = -1
+
+  def pull_failed(self, version: int, error: BaseException) -> None:
+    """Records a failed pull (the previous version keeps serving)."""
+    self._failed_pulls.append((int(version), f"{type(error).__name__}: {error}"))
+    if self.loading == version:
+      self.loading = -1
+
+  def submit(self, requests: Sequence[Request]) -> None:
+    for r in requests:
+      try:
+        if self.engine is None:
+          raise ValueError(f"worker {self.worker_id} has no weights yet")
+        self.engine.submit([r])
+      except ValueError as e:
+        self._rejected.append((r.request_id, str(e)))
+    if self.engine is not None:
+      # A resumed request that already ends in a stop token, or has no budget left, finishes at
+      # submission: report it like any finish.
+      for c in self.engine.take_completions():
+        q = c.request
+        self._chunks.append(TokenChunk(q.request_id, q.num_generated, np.zeros((0,), np.int32),
+                                       np.zeros((0,), np.float32), self.version, c.finish))
+
+  # ----- generation ----------------------------------------------------------------------------
+  def has_work(self) -> bool:
+    return self.engine is not None and self.engine.has_work()
+
+  def step(self) -> int:
+    """One engine step (admission + up to `stream_every` decode steps); returns the number of
+    tokens produced. Finished requests' completions stay in their chunks."""
+    e = self.engine
+    if e is None or not e.has_work():
+      return 0
+    t0 = time.monotonic()
+    chunks = e.step()
+    live = e.num_running + sum(c.finish is not None for c in chunks)
+    dt = time.monotonic() - t0
+    e.take_completions()  # finished requests are reported by their last chunk
+    n = sum(len(c.tokens) for c in chunks)
+    if self.token_delay and n:
+      time.sleep(self.token_delay * n)
+      dt = time.monotonic() - t0
+    if n:
+      self._profile.append((live, n, dt))
+    self._chunks.extend(chunks)
+    return n
+
+  def has_news(self) -> bool:
+    return bool(self._chunks or self._pulls or self._failed_pulls or self._rejected)
+
+  def report(self) -> WorkerReport:
+    e = self.engine
+    running = [] if e is None else [r.request_id for r in e.running_requests()]
+    waiting = [] if e is None else e.waiting_ids()
+    rep = WorkerReport(self.worker_id, self._seq, self._chunks, self.version, self.loading,
+                       running, waiting, self.engine_config.num_slots, _profile(self._profile),
+                       self._pulls, self._failed_pulls, self._rejected, os.getpid())
+    self._seq += 1
+    self._chunks, self._profile, self._pulls, self._rejected = [], [], [], []
+    self._failed_pulls = []
+    return rep
+
+
+class InProcessWorker:
+  """A worker on this process's devices: each exchange applies the commands and runs one
+  engine step, synchronously inside `receive()`. The embedded default (rollout shares the
+  accelerator with training) and the trainer's seeding engines."""
+
+  synchronous = True
+
+  def __init__(self, worker_id: str, model_config: ModelConfig, engine_config: EngineConfig, *,
+               local: bool = True, warmup: bool = False, token_delay: float = 0.0):
+    self.worker_id, self.local = worker_id, local
+    self.server = WorkerServer(worker_id, model_config, engine_config, warmup=warmup,
+                               token_delay=token_delay)
+    self._pending: Commands | None = None
+    self._dead = False
+
+  def send(self, commands: Commands) -> None:
+    if self._pending is not None:
+      raise RuntimeError(f"worker {self.worker_id}: an exchange is already outstanding")
+    self._pending = commands
+
+  def receive(self) -> WorkerReport | None:
+    if self._dead:
+      raise WorkerLost(f"worker {self.worker_id} was killed")
+    if self._pending is None:
+      return None
+    commands, self._pending = self._pending, None
+    return self.server.exchange(commands)
+
+  def kill(self) -> None:
+    self._dead = True
+
+  @property
+  def engine(self) -> Engine | None:
+    return self.server.engine
+
+  def warmup(self) -> None:
+    """Compiles every engine shape now (needs weights loaded)."""
+    if self.server.engine is None:
+      raise RuntimeError(f"worker {self.worker_id}: warmup needs weights (load a version first)")
+    self.server.engine.warmup()
+
+  @classmethod
+  def wait_any(cls, workers, timeout: float, clock: Clock) -> None:  # pylint: disable=unused-argument
+    return  # an in-process exchange is always ready

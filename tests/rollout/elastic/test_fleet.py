@@ -1,0 +1,92 @@
+"""The fleet follows a spot trace within a cap, over the real manager, on a manual clock."""
+import numpy as np
+
+from jaxrl_sys.rollout import ManagerConfig, ManualClock, MemoryWeightStore, RolloutManager
+from jaxrl_sys.rollout.elastic.fleet import Fleet
+from jaxrl_sys.rollout.elastic.schedules import ChaosSchedule, TracePlayer
+from jaxrl_sys.rollout.elastic.traces import Trace, TraceEvent
+from tests.rollout.fake_worker import FakeWorker, expected, make_requests
+
+
+def _setup(schedule, cap, **cfg):
+  clock = ManualClock()
+  made = {}
+
+  def factory(wid):
+    made[wid] = FakeWorker(wid, clock, num_slots=3, tokens_per_exchange=1, latency=0.1)
+    return made[wid]
+
+  m = RolloutManager(store=MemoryWeightStore(), config=ManagerConfig(**cfg), clock=clock)
+  m.publish_weights({"w": np.zeros(1)}, 0)
+  fleet = Fleet(factory, schedule=schedule, cap=cap)
+  m.add_tick_hook(fleet)
+  return clock, m, fleet, made
+
+
+def test_fleet_follows_the_trace_within_the_cap_and_nothing_is_lost():
+  ev = [TraceEvent(0.0, "add", "a"), TraceEvent(0.0, "add", "b"), TraceEvent(0.0, "add", "c"),
+        TraceEvent(1.0, "remove", "a"), TraceEvent(2.0, "remove", "b"),
+        TraceEvent(3.0, "add", "d")]
+  trace = Trace(tuple(ev), 10.0, "t")
+  clock, m, fleet, made = _setup(TracePlayer(trace), cap=2, balance=False)
+  reqs = make_requests(30, seed=21, max_new=40)
+  m.submit(reqs)
+  out, live = [], []
+  while m.num_pending():
+    out += m.poll(min_count=1, timeout=0.2)
+    live.append((clock.now(), len(m.workers), trace.live_at(clock.now())))
+  assert sorted(c.request_id for c in out) == [r.request_id for r in reqs]
+  by_id = {r.request_id: r for r in reqs}
+  for c in out:
+    assert list(c.request.tokens) == expected(by_id[c.request_id])
+  for t, n, avail in live:
+    assert n <= min(2, avail), (t, n, avail)
+  starts = [w for _, a, w in fleet.log if a == "start"]
+  assert starts[:2] == ["spot-a.0", "spot-b.0"]  # the cap holds "c" back
+  assert "spot-c.0" in starts  # ... until "a" is preempted: spare capacity replaces it at once
+  assert [w for _, a, w in fleet.log if a == "preempt"] == ["spot-a.0", "spot-b.0"]
+  assert m.stats.lost == 2 and m.stats.migrated > 0
+
+
+def test_lowering_the_cap_retires_workers_gracefully():
+  cap = {"n": 3}
+  clock = ManualClock()
+  made = {}
+
+  def factory(wid):
+    made[wid] = FakeWorker(wid, clock, num_slots=3, tokens_per_exchange=1, latency=0.1)
+    return made[wid]
+
+  m = RolloutManager(store=MemoryWeightStore(), config=ManagerConfig(balance=False), clock=clock)
+  m.publish_weights({"w": np.zeros(1)}, 0)
+  fleet = Fleet(factory, size=4, cap=lambda: cap["n"], retire_after=0.5)
+  m.add_tick_hook(fleet)
+  reqs = make_requests(12, seed=22, max_new=40)
+  m.submit(reqs)
+  out = m.poll(timeout=1.0)
+  assert len(m.workers) == 3
+  cap["n"] = 1
+  while m.num_pending():
+    out += m.poll(min_count=1, timeout=0.2)
+  assert len(m.workers) == 1 and m.stats.lost == 0
+  by_id = {r.request_id: r for r in reqs}
+  for c in out:
+    assert list(c.request.tokens) == expected(by_id[c.request_id])
+  assert [a for _, a, _ in fleet.log].count("retire") == 2
+  assert m.stats.balanced > 0 and m.stats.migrated == 0  # moved with every token, no attempt
+
+
+def test_chaos_kills_and_restarts_and_every_request_completes():
+  clock, m, fleet, made = _setup(ChaosSchedule(kill_every=0.7, seed=3, restart_after=0.5,
+                                               slots=3), cap=None, balance=True, theta=1)
+  reqs = make_requests(40, seed=23, max_new=30)
+  m.submit(reqs)
+  out = []
+  while m.num_pending():
+    out += m.poll(min_count=1, timeout=0.5)
+  assert sorted(c.request_id for c in out) == [r.request_id for r in reqs]
+  by_id = {r.request_id: r for r in reqs}
+  for c in out:
+    assert list(c.request.tokens) == expected(by_id[c.request_id])
+  assert m.stats.lost >= 2 and len(made) >= 5
+  assert sum(w.generated for w in made.values()) == sum(len(c.request.tokens) for c in out)

@@ -1,0 +1,272 @@
+"""Weight stores: bit-exact round trips, atomic commits under a racing reader, corruption and
+crash detection, gc, and the factory. References are the published arrays' own bytes."""
+import json
+import os
+import pickle
+import sys
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_sys.models.moe import MoEState
+from jaxrl_sys.rollout.weights import io as weights_io
+from jaxrl_sys.rollout.weights import tensorstore as ts_weights
+from jaxrl_sys.rollout.weights.tensorstore import TensorstoreWeightStore, open_latest
+from jaxrl_sys.rollout.weights import (CorruptWeightsError, MemoryWeightStore,
+                                       WeightPublishError, make_weight_store)
+
+
+def tree(seed: int, n: int = 4096):
+  """(params, moe_state): float32 (with NaN payload and -0.0), bfloat16, int32, a None node and
+  an MoEState, all derived from `seed`."""
+  rng = np.random.default_rng(seed)
+  f32 = rng.standard_normal((n // 64, 64)).astype(np.float32)
+  f32.reshape(-1)[:3] = [np.float32(-0.0), np.float32(np.inf), np.float32(np.nan)]
+  f32.view(np.uint32).reshape(-1)[3] = 0x7fc0beef  # a NaN with a payload
+  params = {"embed": jnp.asarray(rng.standard_normal((16, 8)), jnp.bfloat16),
+            "layers": [{"w": f32, "b": None}, {"w": jnp.asarray(f32[:2] * seed)}],
+            "pos": rng.integers(-2**31, 2**31 - 1, (7,), dtype=np.int32)}
+  moe = MoEState(bias=jnp.full((2, 3), seed, jnp.float32), q=jnp.zeros((2, 3)) - seed)
+  return params, moe
+
+
+def leaf_bytes(t):
+  """The independent reference: (path, dtype, shape, raw bytes) of every leaf, by hand."""
+  out = []
+
+  def walk(x, path):
+    if x is None:
+      return
+    if isinstance(x, dict):
+      for k in sorted(x):
+        walk(x[k], f"{path}/{k}")
+    elif isinstance(x, (list, tuple)):
+      for i, y in enumerate(x):
+        walk(y, f"{path}/{getattr(x, '_fields', range(len(x)))[i]}")
+    else:
+      a = np.asarray(x)
+      out.append((path, a.dtype.name, a.shape, a.tobytes()))
+  walk(t, "")
+  return out
+
+
+def assert_same(got, want):
+  assert leaf_bytes(got) == leaf_bytes(want)
+  assert type(got[1]) is type(want[1]) and got[0]["layers"][0]["b"] is None
+
+
+@pytest.fixture(params=["file", "memory"])
+def url(request, tmp_path):
+  return str(tmp_path / "w") if request.param == "file" else f"memory://{tmp_path.name}/"
+
+
+def test_round_trip_bit_exact(url):
+  store = TensorstoreWeightStore(url)
+  t1, t2 = tree(1), tree(2)
+  store.publish(1, *t1)
+  store.publish(2, t2[0], None)
+  store.wait()
+  ref = pickle.loads(pickle.dumps(store.ref(1)))  # what crosses to a worker process
+  assert_same(ref.fetch(), t1)
+  p, m = open_latest(url).fetch()
+  assert m is None and leaf_bytes(p) == leaf_bytes(t2[0])
+  assert store.ref(2).nbytes == sum(len(b) for *_, b in leaf_bytes(t2[0]))
+  store.close()
+
+
+def test_publish_copies_and_commits_in_background(tmp_path, monkeypatch):
+  store = TensorstoreWeightStore(tmp_path)
+  gate = threading.Event()
+  put = store._put
+  monkeypatch.setattr(store, "_put", lambda k, v: (gate.wait(10), put(k, v))[1])
+  params, moe = tree(3)
+  want = leaf_bytes((params, moe))
+  store.publish(3, params, moe)  # returns while the writer is blocked
+  params["layers"][0]["w"][:] = 0  # the caller reuses its buffer
+  assert store.ref(3) is None and store.latest() is None and open_latest(tmp_path) is None
+  gate.set()
+  store.wait()
+  assert leaf_bytes(store.ref(3).fetch()) == want and store.latest() == 3
+
+
+def test_reader_racing_writer_never_sees_a_partial_version(tmp_path, monkeypatch):
+  monkeypatch.setattr(weights_io, "CHUNK_BYTES", 1 << 16)  # many chunks per array
+  expect = {v: leaf_bytes(tree(v, n=1 << 17)) for v in range(1, 16)}
+  store = TensorstoreWeightStore(tmp_path)
+  done, seen, errors = threading.Event(), [], []
+
+  def writer():
+    for v in expect:
+      store.publish(v, *tree(v, n=1 << 17))
+      store.gc(in_use=[])  # deletes versions under the readers' feet
+    store.wait()
+    done.set()
+
+  def reader():
+    while not done.is_set():
+      ref = open_latest(tmp_path)
+      if ref is None:
+        continue
+      try:
+        got = ref.fetch()
+      except CorruptWeightsError as e:  # allowed only when gc won the race, i.e. v is not newest
+        errors.append((ref.version, open_latest(tmp_path).version, str(e)))
+        continue
+      assert leaf_bytes(got) == expect[ref.version], ref.version
+      seen.append(ref.version)
+
+  threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader) for _ in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(60)
+  assert done.is_set() and len(set(seen)) >= 2, (seen, errors)
+  assert all(v < newest and "missing" in e for v, newest, e in errors), errors
+  assert leaf_bytes(open_latest(tmp_path).fetch()) == expect[15]
+
+
+def _manifest(root, v):
+  with open(os.path.join(root, f"v{v}", "manifest.json")) as f:
+    return json.load(f)
+
+
+def _array_file(root, v, path):
+  key = next(a["key"] for a in _manifest(root, v)["arrays"] if a["path"] == path)
+  return os.path.join(root, f"v{v}", key)
+
+
+def _flip(name, offset):
+  with open(name, "r+b") as f:
+    f.seek(offset)
+    b = f.read(1)
+    f.seek(offset)
+    f.write(bytes([b[0] ^ 0x10]))
+
+
+@pytest.mark.parametrize("damage,match", [
+    ("flip", r"version 1 .*\[0\]\['layers'\]\[0\]\['w'\] bytes \[2048, .*crc32"),
+    ("truncate", r"version 1 .*\[0\]\['layers'\]\[0\]\['w'\] is truncated"),
+    ("delete_array", r"version 1 .*\[0\]\['layers'\]\[0\]\['w'\] is missing"),
+    ("delete_manifest", r"version 1 .*manifest.json is missing"),
+    ("edit_manifest", r"version 1 .*manifest.json fails its crc32")])
+def test_damage_is_detected(tmp_path, monkeypatch, damage, match):
+  monkeypatch.setattr(weights_io, "CHUNK_BYTES", 1024)
+  store = TensorstoreWeightStore(tmp_path)
+  store.publish(1, *tree(1))
+  store.wait()
+  ref = store.ref(1)
+  name = _array_file(tmp_path, 1, "[0]['layers'][0]['w']")
+  mpath = os.path.join(tmp_path, "v1", "manifest.json")
+  if damage == "flip":
+    _flip(name, 2048 + 77)  # the third 1 KiB chunk
+  elif damage == "truncate":
+    os.truncate(name, os.path.getsize(name) - 1)
+  elif damage == "delete_array":
+    os.remove(name)
+  elif damage == "delete_manifest":
+    os.remove(mpath)
+  else:
+    _flip(mpath, 20)
+  with pytest.raises(CorruptWeightsError, match=match):
+    ref.fetch()
+
+
+def test_damage_is_detected_on_other_kvstores(tmp_path):
+  url = f"memory://{tmp_path.name}/"
+  store = TensorstoreWeightStore(url)
+  store.publish(1, *tree(1))
+  store.wait()
+  kv = ts_weights._kvstore(store.url)
+  m = json.loads(kv["v1/manifest.json"])
+  key = "v1/" + next(a["key"] for a in m["arrays"] if a["path"] == "[1].q")
+  value = bytearray(kv[key])
+  value[5] ^= 1
+  kv[key] = bytes(value)
+  with pytest.raises(CorruptWeightsError, match=r"version 1 .*\[1\]\.q bytes \[0,.*crc32"):
+    store.ref(1).fetch()
+  kv[key] = bytes(value[:-4])
+  with pytest.raises(CorruptWeightsError, match=r"\[1\]\.q is truncated \(20 of 24 bytes\)"):
+    store.ref(1).fetch()
+
+
+@pytest.mark.parametrize("fail_at", ["v2/a1", "v2/manifest.json", "LATEST"])
+def test_crash_mid_publish_never_moves_latest(tmp_path, monkeypatch, fail_at):
+  store = TensorstoreWeightStore(tmp_path)
+  store.publish(1, *tree(1))
+  store.wait()
+  put = store._put
+
+  def failing(key, value):
+    if key == fail_at:
+      raise OSError(f"disk full writing {key}")
+    return put(key, value)
+  monkeypatch.setattr(store, "_put", failing)
+  store.publish(2, *tree(2))
+  with pytest.raises(WeightPublishError, match=f"version 2 .*disk full writing {fail_at}"):
+    store.wait()
+  assert store.ref(2) is None and store.latest() == 1
+  assert open_latest(tmp_path).version == 1
+  assert_same(open_latest(tmp_path).fetch(), tree(1))
+  store.wait()  # the failure is reported once
+  # A restarted trainer resumes at version 1 and cleans the half-written version 2 up.
+  monkeypatch.undo()
+  again = TensorstoreWeightStore(tmp_path)
+  assert again.latest() == 1 and again.ref(2) is None
+  again.publish(3, *tree(3))
+  again.wait()
+  assert again.gc(in_use=[]) == [1, 2]
+  assert sorted(os.listdir(tmp_path)) == ["LATEST", "v3"]
+  assert_same(again.ref().fetch(), tree(3))
+
+
+def test_gc_keeps_newest_and_in_use(tmp_path):
+  store = TensorstoreWeightStore(tmp_path)
+  for v in range(1, 5):
+    store.publish(v, *tree(v))
+  store.wait()
+  old = store.ref(1)
+  assert store.gc(in_use=[2]) == [1, 3]
+  assert store.ref(1) is None and store.ref(3) is None and store.latest() == 4
+  assert sorted(os.listdir(tmp_path)) == ["LATEST", "v2", "v4"]
+  assert_same(store.ref(2).fetch(), tree(2))
+  with pytest.raises(CorruptWeightsError, match="version 1 .*missing"):
+    old.fetch()  # a reader holding a collected version fails cleanly
+  assert store.gc(in_use=[]) == [2] and store.gc(in_use=[]) == []
+  assert_same(store.ref(4).fetch(), tree(4))
+
+
+def test_reopen_resumes_versions(tmp_path):
+  first = TensorstoreWeightStore(tmp_path)
+  first.publish(1, *tree(1))
+  first.publish(2, *tree(2))
+  first.close()
+  store = TensorstoreWeightStore(tmp_path)
+  assert store.latest() == 2
+  assert_same(store.ref(1).fetch(), tree(1))  # its ref is rebuilt from the manifest
+  with pytest.raises(ValueError, match="not newer than 2"):
+    store.publish(2, *tree(2))
+
+
+def test_memory_store_is_zero_copy_and_refuses_to_pickle():
+  store = MemoryWeightStore()
+  params, moe = tree(1)
+  store.publish(1, params, moe)
+  p, m = store.ref(1).fetch()
+  assert p is params and m is moe
+  with pytest.raises(TypeError, match="only serves workers in the trainer's process.*ray"):
+    pickle.dumps(store.ref(1))
+
+
+def test_factory(tmp_path, monkeypatch):
+  assert isinstance(make_weight_store("memory"), MemoryWeightStore)
+  store = make_weight_store(f"tensorstore:{tmp_path}")
+  assert isinstance(store, TensorstoreWeightStore) and store.url == f"file://{tmp_path}/"
+  for bad in ["tensorstore:", "s3", "Memory"]:
+    with pytest.raises(ValueError, match="use 'memory', 'ray' or 'tensorstore:PATH_OR_URL'"):
+      make_weight_store(bad)
+  monkeypatch.setitem(sys.modules, "ray", None)  # Ray not installed
+  with pytest.raises(ImportError, match=r"pip install -e \.\[ray\]"):
+    make_weight_store("ray")
+
