@@ -42,7 +42,7 @@ from benchmarks import gpu_profile
 from benchmarks.common import print_table, write_json
 from jaxrl_sys import backend, kernels, models
 from jaxrl_sys.models.config import ModelConfig, MoEConfig
-from jaxrl_sys.train import metrics_log
+from jaxrl_sys.train.loop import metrics_log
 
 MiB = 2 ** 20
 # HBM bandwidth (bytes/s) by substring of the device kind (lower case); None: unknown.
@@ -286,7 +286,7 @@ def decode_section(s: Sizes, info: dict, profile: dict | None = None) -> list[di
 
 
 def _train_batch(c: ModelConfig, shape, key):
-  from jaxrl_sys.train.batch import TrainBatch  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.step.batch import TrainBatch  # pylint: disable=import-outside-toplevel
   prompts, group, lp, lr = shape
   rows, t = prompts * group, lp + lr
   tokens = jax.random.randint(key, (1, rows, t), 3, c.vocab_size)
@@ -301,10 +301,10 @@ def _train_batch(c: ModelConfig, shape, key):
 def train_section(s: Sizes, info: dict, profile: dict | None = None) -> list[dict]:
   # pylint: disable=import-outside-toplevel
   from jaxrl_sys.sharding import make_mesh
-  from jaxrl_sys.train import step as step_lib
-  from jaxrl_sys.train.config import TrainConfig
-  from jaxrl_sys.train.optim import make_optimizer
-  from jaxrl_sys.train.state import init_train_state
+  from jaxrl_sys.train.step import update as step_lib
+  from jaxrl_sys.train.step.config import TrainConfig
+  from jaxrl_sys.train.step.optim import make_optimizer
+  from jaxrl_sys.train.step.state import init_train_state
   rows = []
   models_ = (("dense 0.5B", s.dense), ("Qwen3-MoE", s.moe))
   # --quick: the MoE model only (the same code; the dense step is compiled by the train tests).

@@ -85,6 +85,8 @@ def flat_settings(data: Mapping[str, Any], path: str = "FILE") -> dict[str, Any]
   """
   flat: dict[str, Any] = {}
   for key, value in data.items():
+    if key == HISTORY_KEY:  # config.json's record of earlier calls, not a setting
+      continue
     if key in sections() and isinstance(value, Mapping):
       flat.update({f"{key}.{k}": v for k, v in value.items()})
     else:

@@ -136,8 +136,8 @@ def test_instances_beyond_the_initial_cap_are_not_started(at_resv, started):
   # the fleet's first tick, so step 0 runs N_resv of them (Algorithm 1); the switch off starts
   # all six.
   from jaxrl_sys.rollout import ManualClock, MemoryWeightStore  # pylint: disable=import-outside-toplevel
-  from jaxrl_sys.rollout.fleet import Fleet  # pylint: disable=import-outside-toplevel
-  from jaxrl_sys.rollout.schedules import TracePlayer  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.elastic.fleet import Fleet  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.elastic.schedules import TracePlayer  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.rollout.elastic.traces import constant_trace  # pylint: disable=import-outside-toplevel
   from tests.rollout.fake_worker import FakeWorker  # pylint: disable=import-outside-toplevel
   clock = ManualClock()

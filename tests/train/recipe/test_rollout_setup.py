@@ -47,7 +47,7 @@ def test_two_local_engines_train_on_the_samples_one_engine_draws():
 
 
 def test_a_bad_preempt_trace_fails_before_ray_starts(tmp_path, monkeypatch):
-  from jaxrl_sys.rollout import ray_worker  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.workers import ray as ray_worker  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup  # pylint: disable=import-outside-toplevel
 
   def no_ray(*a, **k):
