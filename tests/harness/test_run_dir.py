@@ -103,3 +103,19 @@ def test_progress_shows_at_once_and_prints_messages():
   q.update(1, {})
   q.close()
   assert quiet.getvalue() == "resumed from step 3\n"
+
+
+def test_run_refuses_an_external_checkpoint_dir_held_by_a_live_run(tmp_path):
+  """The recipe takes the external --checkpoint_dir's lock with the run directory's, before any
+  work; the refused run leaves neither lock behind."""
+  from jaxrl_sys.train.recipe import run_lock  # pylint: disable=import-outside-toplevel
+  ckpt = tmp_path / "shared_ckpts"
+  os.makedirs(ckpt)
+  other = run_lock.RunLock(str(ckpt))  # stands for the first run's lock, alive (this pid)
+  other.acquire(flag="--checkpoint_dir")
+  recipe = recipe_lib.build_recipe(quick(out_dir=str(tmp_path / "run_b"),
+                                         checkpoint_dir=str(ckpt)))
+  with pytest.raises(run_lock.RunDirLockedError, match="--checkpoint_dir=.*shared_ckpts is in use"):
+    recipe_lib.run_recipe(recipe, messages=False)
+  assert not (tmp_path / "run_b" / run_lock.LOCK_NAME).exists()
+  other.release()

@@ -48,7 +48,8 @@ from jaxrl_sys.train.recipe.presets import LoadedModel, load_model
 from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup, ray_client
 from jaxrl_sys.train.recipe.run_config import RecipeConfig, RunConfig
 from jaxrl_sys.train.recipe.run_dir import (RESUME_OVERWRITE, check_directory_path,
-                                            check_export_dir, claim_run_dir, describe_outputs,
+                                            check_export_dir, claim_checkpoint_dir,
+                                            claim_run_dir, describe_outputs,
                                             mark_export_dir, save_params, write_json)
 from jaxrl_sys.train.loop.supervised import supervised_warmup
 
@@ -254,7 +255,8 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
       `overwrite` and `resume`, a non-empty `export_hf` (checked first), a checkpoint of
       another configuration (`CheckpointMismatchError`), every checkpoint unreadable, or
       `steps` below the resumed step.
-    run_lock.RunDirLockedError: a live run holds the run directory.
+    run_lock.RunDirLockedError: a live run holds the run directory or the external
+      `--checkpoint_dir`.
     DivergenceError: a non-finite loss or gradient (metrics and plot are still written).
     loop.stop_signals.RunInterrupted: a second SIGINT (the save in flight was flushed).
   """
@@ -269,14 +271,17 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   # excepted); its errors are raised by every process.
   main = multihost.is_main()
   progress = Progress(rc.loop.steps, rc.output.progress and main, messages=messages and main)
-  run_dir = lock = None
+  run_dir = None
+  locks = []  # the run directory's, then an external checkpoint directory's
 
   def claim():
-    nonlocal lock
     path = None
     if rc.output.out_dir:
       path, lock = claim_run_dir(rc.output.out_dir, overwrite=rc.output.overwrite,
                                  resume=resume, message=progress.message)
+      locks.append(lock)
+    ckpt_lock = claim_checkpoint_dir(rc.checkpoint.directory, path, message=progress.message)
+    locks.extend([ckpt_lock] if ckpt_lock else [])
     check_export_dir(rc.output.export_hf, path, overwrite=rc.output.overwrite, resume=resume)
     return path
 
@@ -289,7 +294,7 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
     progress.close()
     raise
   finally:
-    if lock is not None:
+    for lock in reversed(locks):
       lock.release()
 
 

@@ -6,7 +6,8 @@ A run directory holds `config.json`, `metrics.jsonl`, `tb/` (TensorBoard), `rewa
 refuses a directory that already holds a run unless the run is resumed (its outputs continue)
 or `overwrite` is set (the earlier run's outputs are deleted first). `claim_run_dir` also
 takes the directory's lock (`train.run_lock`) before touching anything, so a running job's
-outputs are never deleted or appended to by another run.
+outputs are never deleted or appended to by another run; `claim_checkpoint_dir` does the same
+for a `--checkpoint_dir` outside the run directory.
 """
 from __future__ import annotations
 
@@ -119,6 +120,30 @@ def claim_run_dir(path: str, *, overwrite: bool = False, resume: bool = False,
     lock.release()
     raise
   return path, lock
+
+
+def claim_checkpoint_dir(directory: str | None, run_dir: str | None, *,
+                         message: Callable[[str], None] | None = None) -> RunLock | None:
+  """Takes the lock of an external `--checkpoint_dir` (one outside the run directory, whose
+  own lock already covers `run_dir/...`): two runs writing steps into one checkpoint directory
+  would overwrite and garbage-collect each other's checkpoints. Returns the held lock (release
+  it when the run ends), or None when `directory` is unset or inside `run_dir`.
+
+  Raises:
+    run_lock.RunDirLockedError: a live run holds the checkpoint directory (nothing is touched);
+      a stale lock of a dead run is reclaimed with a `message`.
+  """
+  if not directory:
+    return None
+  directory = os.path.abspath(os.path.expanduser(directory))
+  if run_dir is not None:
+    inside = os.path.relpath(os.path.realpath(directory), os.path.realpath(run_dir))
+    if inside == os.curdir or not inside.startswith(os.pardir):
+      return None
+  os.makedirs(directory, exist_ok=True)
+  lock = RunLock(directory, message)
+  lock.acquire(flag="--checkpoint_dir")
+  return lock
 
 
 def prepare_run_dir(path: str, *, overwrite: bool = False, resume: bool = False) -> str:

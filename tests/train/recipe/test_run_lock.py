@@ -108,3 +108,27 @@ def test_unwritable_output_paths_fail_with_a_message(tmp_path):
         run_dir.check_directory_path(str(ro / "run"), "--checkpoint_dir")
   finally:
     os.chmod(ro, 0o755)
+
+
+def test_external_checkpoint_dir_is_locked_like_the_run_dir(tmp_path):
+  ckpt = tmp_path / "ckpts"
+  said = []
+  lock = run_dir.claim_checkpoint_dir(str(ckpt), str(tmp_path / "run_a"), message=said.append)
+  assert lock is not None and lock.held and not said
+  assert json.loads((ckpt / ".lock").read_text())["pid"] == os.getpid()
+  # a second run (here: this process again) using the same checkpoint directory is refused
+  with pytest.raises(run_lock.RunDirLockedError, match=r"--checkpoint_dir=.*ckpts is in use by "
+                                                       rf"the running job of pid {os.getpid()}"):
+    run_dir.claim_checkpoint_dir(str(ckpt), str(tmp_path / "run_b"))
+  lock.release()
+  assert not (ckpt / ".lock").exists()
+  # a dead run's lock is reclaimed with a message naming the flag
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  _write_lock(ckpt, pid=dead.pid)
+  lock = run_dir.claim_checkpoint_dir(str(ckpt), None, message=said.append)
+  assert len(said) == 1 and "stale lock of --checkpoint_dir=" in said[0]
+  lock.release()
+  # inside the run directory (or no --checkpoint_dir) the run directory's lock covers it
+  assert run_dir.claim_checkpoint_dir(str(tmp_path / "run" / "ck"), str(tmp_path / "run")) is None
+  assert run_dir.claim_checkpoint_dir(None, str(tmp_path / "run")) is None
