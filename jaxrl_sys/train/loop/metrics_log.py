@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import threading
+import time
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -56,23 +57,50 @@ def train_flops_per_token(config: ModelConfig, seq_len: int, *, reference: bool,
 
 
 class MetricsLogger:
-  """Writes one JSON object per step to `metrics.jsonl` and scalars to TensorBoard."""
+  """Writes one JSON object per step to `metrics.jsonl` and scalars to TensorBoard (`tb/`).
+
+  A resumed run replays the steps after its checkpoint; `keep_until(step)` makes each step
+  keep one record, the latest: it drops the later rows of `metrics.jsonl`, and the TensorBoard
+  writer (opened at the first `log`) starts its event file with TensorBoard's purge marker (a
+  SessionLog START event at `step + 1`), so TensorBoard discards the earlier run's events at
+  steps >= `step + 1`.
+  """
 
   def __init__(self, out_dir: str | None, *, tensorboard: bool = True):
     self.out_dir = out_dir
     self.history: list[dict[str, Any]] = []
     self._jsonl = self._tb = None
+    self._tb_dir: str | None = None
+    self._purge_step: int | None = None
     if out_dir:
       os.makedirs(out_dir, exist_ok=True)
       self._jsonl = open(os.path.join(out_dir, "metrics.jsonl"), "a", encoding="utf-8")
       if tensorboard:
-        from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-        self._tb = SummaryWriter(os.path.join(out_dir, "tb"))
+        self._tb_dir = os.path.join(out_dir, "tb")
+
+  def _writer(self):
+    """The TensorBoard writer, opened on first use (after `keep_until` set the purge step)."""
+    if self._tb is None and self._tb_dir is not None:
+      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      # The file name's own stamp is whole seconds (a resumed run started within the same
+      # second would truncate the earlier file): nanoseconds after it keep names unique and in
+      # start order, the order TensorBoard reads them in.
+      self._tb = SummaryWriter(self._tb_dir, purge_step=self._purge_step,
+                               filename_suffix=f".{time.time_ns():020d}")
+    return self._tb
 
   def keep_until(self, step: int) -> int:
     """Drops the rows of `metrics.jsonl` after `step` (a resumed run replays those steps, so
     each step keeps one row: the latest). Rewrites the file atomically; returns the rows
-    dropped. A torn last line (a run killed mid-write) is dropped too."""
+    dropped. A torn last line (a run killed mid-write) is dropped too. TensorBoard events of
+    an earlier run at steps > `step` are purged (see the class docstring)."""
+    if self._tb_dir is not None and os.path.isdir(self._tb_dir) and os.listdir(self._tb_dir):
+      if self._tb is None:
+        self._purge_step = step + 1
+      else:  # already writing: the marker goes into the open event file
+        from tensorboardX.proto.event_pb2 import Event, SessionLog  # pylint: disable=import-outside-toplevel
+        self._tb.file_writer.add_event(
+            Event(step=step + 1, session_log=SessionLog(status=SessionLog.START)))
     if not self._jsonl:
       return 0
     path = self._jsonl.name
@@ -110,11 +138,12 @@ class MetricsLogger:
     if self._jsonl:
       self._jsonl.write(json.dumps(row, allow_nan=True) + "\n")
       self._jsonl.flush()
-    if self._tb:
+    tb = self._writer()
+    if tb:
       for k, v in row.items():
         if isinstance(v, float) and math.isfinite(v):
-          self._tb.add_scalar(k, v, step)
-      self._tb.flush()
+          tb.add_scalar(k, v, step)
+      tb.flush()
 
   def close(self) -> None:
     if self._jsonl:
