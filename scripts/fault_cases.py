@@ -1,6 +1,6 @@
 """Reruns issue 30's new-user and fault cases on the CLI and prints a verdict table.
 
-    PYTHONPATH=$PWD .venv/bin/python scripts/fault_cases.py [--only SUBSTRING] [--rollout]
+    PYTHONPATH=$PWD .venv/bin/python scripts/fault_cases.py [--only SUB[,SUB...]] [--rollout]
 
 Each case runs `python -m experiments.grpo` (a subprocess, real signals and exit codes; the
 tiny model and the test suite's shapes, so the compile cache serves it) or a few lines of
@@ -12,9 +12,11 @@ Python, under a time limit, and gets one verdict:
   traceback     a Python traceback reached the user
   data lost     outputs of a run (metrics rows, checkpoints, parameters) went missing
   hang          the time limit passed
+  skipped       the case cannot run here (named with the reason)
 
-`--rollout` adds the rollout-side cases (RolloutManager waits; another branch fixes them).
-Not run by CI: about 10 minutes on 2 CPU cores.
+`--rollout` adds the rollout-side cases (RolloutManager waits and weight checks through the
+API, a corrupt tensorstore version under Ray workers, Ray addresses).
+Not run by CI: about 25 minutes on 2 busy CPU cores (69 cases with --rollout).
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ import os
 import re
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -55,11 +59,14 @@ class Result:
   timed_out: bool = False
 
 
-def cli(args: list[str], timeout: float = 240, signals: Callable | None = None) -> Result:
-  """Runs the CLI; `signals(proc)` (optional) acts on the running process."""
+def cli(args: list[str], timeout: float = 240, signals: Callable | None = None,
+        env: dict | None = None) -> Result:
+  """Runs the CLI; `signals(proc)` (optional) acts on the running process; `env` adds
+  environment variables."""
   t0 = time.monotonic()
   p = subprocess.Popen([sys.executable, "-m", "experiments.grpo", *SHAPES, *args], cwd=REPO,
-                       env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                       env=dict(_env(), **(env or {})), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True)
   if signals is not None:
     signals(p)
   try:
@@ -111,6 +118,30 @@ def _ckpts(out: str) -> list[int]:
     return []
   return sorted(int(s) for s in os.listdir(d) if s.isdigit()
                 and os.path.exists(os.path.join(d, s, "_CHECKPOINT_METADATA")))
+
+
+def _free_port() -> int:
+  """A local TCP port nothing listens on (bound, then released)."""
+  with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    return sock.getsockname()[1]
+
+
+def _tb_purges(tb_dir: str) -> list[int]:
+  """The steps of TensorBoard's purge markers (SessionLog START events) in `tb_dir`'s event
+  files, read as TFRecords (length, crc, payload, crc)."""
+  from tensorboardX.proto.event_pb2 import Event, SessionLog  # pylint: disable=import-outside-toplevel
+  out = []
+  for name in sorted(os.listdir(tb_dir)) if os.path.isdir(tb_dir) else []:
+    data = open(os.path.join(tb_dir, name), "rb").read()
+    i = 0
+    while i + 12 <= len(data):
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      ev = Event.FromString(data[i + 12:i + 12 + n])
+      i += 16 + n
+      if ev.HasField("session_log") and ev.session_log.status == SessionLog.START:
+        out.append(ev.step)
+  return out
 
 
 def _wait(pred, p, timeout=180) -> bool:
@@ -176,6 +207,28 @@ class Cases:
         ("--reward=nomod:f", [f"--task=jsonl:{data['sums']}", "--reward=nomod_x:f",
                               out("e20")], "cannot import module"),
         ("--resume without --out_dir", ["--resume"], "--resume needs the run"),
+        ("1 MB prompt, --max_prompt_len=100000",
+         [f"--task=jsonl:{data['huge']}", "--max_prompt_len=100000", out("e21")],
+         "needs at least|longer than the context"),
+        ("--ray_address with nothing listening",
+         ["--rollout=ray", f"--ray_address=127.0.0.1:{_free_port()}", out("e22")],
+         "no Ray cluster at --ray_address=127.0.0.1"),
+        ("--rollout=ray --num_workers=0", ["--rollout=ray", "--num_workers=0", out("e23")],
+         "needs --num_workers >= 1"),
+        ("--chaos_kill_every with local rollout", ["--chaos_kill_every=3", out("e24")],
+         "act on Ray workers"),
+        ("--preempt_trace=/nonexistent", ["--rollout=ray", "--preempt_trace=/nonexistent",
+                                          out("e25")], "no such file"),
+        ("--rollout.max_request_failures=-1", ["--rollout=ray",
+                                               "--rollout.max_request_failures=-1", out("e26")],
+         "max_request_failures must be >= 0"),
+        ("empty data file", [f"--task=jsonl:{data['empty']}", out("e27")],
+         re.escape(data["empty"])),
+        ("data rows without a prompt field", [f"--task=jsonl:{data['noprompt']}", out("e28")],
+         "prompt"),
+        ("--max_prompt_len=0", ["--max_prompt_len=0", out("e29")], "max_prompt_len"),
+        ("--export_hf that is a file", [f"--export_hf={data['sums']}", out("e30")],
+         "is a file, not a directory"),
     ]
 
   def _data(self) -> dict[str, str]:
@@ -189,6 +242,12 @@ class Cases:
       out[name] = self.d(f"{name}.jsonl")
       with open(out[name], "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
+    out["empty"] = self.d("empty.jsonl")
+    open(out["empty"], "w", encoding="utf-8").close()
+    out["noprompt"] = self.d("noprompt.jsonl")
+    with open(out["noprompt"], "w", encoding="utf-8") as f:
+      f.writelines(json.dumps({"question": f"{i}+1=", "answer": str(i + 1)}) + "\n"
+                   for i in range(8))
     out["latin1"] = self.d("latin1.jsonl")
     with open(out["latin1"], "wb") as f:
       f.write(b'{"prompt": "1+1=", "answer": "2"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
@@ -253,6 +312,32 @@ json.dump(cfg, open(p, "w"))
           and "RewardValueError" in r.err and "diverged" not in r.err)
     return verdict_of(r, ok), f"rc {r.rc}, reward_failures counted {counted:.0f}"
 
+  def huge_prompt_16(self):
+    out = self.d("huge16")
+    r = cli([f"--task=jsonl:{self.d('huge.jsonl')}", "--max_prompt_len=16", "--steps=1",
+             f"--out_dir={out}"])
+    ok = r.rc == 0 and "dropped 1 of 101 prompts" in r.err and len(r.err) < 5000
+    return verdict_of(r, ok), f"rc {r.rc}, stderr {len(r.err)} chars"
+
+  def reward_values(self):
+    """(name, verdict, detail) for a reward function returning each bad value on every row."""
+    got = []
+    for i, (label, value) in enumerate([("str", "'x'"), ("list", "[1.0]"), ("None", "None"),
+                                        ('"1.0"', "'1.0'"), ("1e300", "1e300")]):
+      mod = self.d(f"reward_{i}.py")
+      with open(mod, "w", encoding="utf-8") as f:
+        f.write(f"def score(prompt, completion, answer, **row):\n  return {value}\n")
+      out = self.d(f"reward_{i}")
+      r = cli([f"--task=jsonl:{self.d('sums.jsonl')}", f"--reward={mod}:score", "--steps=1",
+               f"--out_dir={out}"])
+      rows = [json.loads(x) for x in open(f"{out}/metrics.jsonl")] if _rows(out) else []
+      counted = sum(x.get("reward_failures", 0) for x in rows)
+      ok = (r.rc == 0 and counted == 16 and "note: reward function failed" in r.err
+            and "RewardValueError" in r.err and "diverged" not in r.err)
+      got.append((f"reward returning {label}", verdict_of(r, ok),
+                  f"rc {r.rc}, reward_failures {counted:.0f} of 16"))
+    return got
+
   def sigterm(self):
     out = self.d("term")
 
@@ -275,6 +360,47 @@ json.dump(cfg, open(p, "w"))
           and os.path.exists(f"{out}/final_params.npz"))
     lost = not _ckpts(out) or not os.path.exists(f"{out}/final_params.npz")
     return verdict_of(r, ok, lost=lost), f"rc {r.rc}, checkpoints {_ckpts(out)}"
+
+  def sigint_mid_save(self):
+    out = self.d("int_save")
+    caught = []
+
+    def saving():
+      d = os.path.join(out, "checkpoints")
+      names = os.listdir(d) if os.path.isdir(d) else []
+      return any("tmp" in n for n in names) and _ckpts(out)
+
+    def act(p):
+      caught.append(_wait(saving, p))
+      p.send_signal(signal.SIGINT)
+    r = cli(["--steps=400", "--save_every=1", f"--out_dir={out}"], signals=act)
+    half = [n for n in os.listdir(f"{out}/checkpoints") if "tmp" in n]
+    ok = (r.rc == 130 and not half and _ckpts(out)[-1:] == _rows(out)[-1:]
+          and os.path.exists(f"{out}/final_params.npz") and caught[0])
+    lost = not _ckpts(out) or bool(half) or not os.path.exists(f"{out}/final_params.npz")
+    return verdict_of(r, ok, lost=lost), (f"rc {r.rc}, signal during a save: {caught[0]}, "
+                                          f"checkpoints {_ckpts(out)[-3:]}, rows to "
+                                          f"{(_rows(out) or [0])[-1]}")
+
+  def shared_checkpoint_dir(self):
+    out, ckpt = self.d("ck_a"), self.d("ck_shared")
+    second: list[Result] = []
+
+    def act(p):
+      _wait(lambda: os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt)), p)
+      second.append(cli(["--steps=2", f"--checkpoint_dir={ckpt}", f"--out_dir={self.d('ck_b')}"]))
+      p.send_signal(signal.SIGTERM)
+    r = cli(["--steps=400", "--save_every=2", f"--checkpoint_dir={ckpt}", f"--out_dir={out}"],
+            signals=act)
+    refused = verdict_of(second[0], False, error=r"--checkpoint_dir=.* is in use by the running "
+                                                 r"job of pid \d+")
+    steps = sorted(int(n) for n in os.listdir(ckpt) if n.isdigit())
+    rows = _rows(out)
+    intact = bool(steps) and steps[-1:] == rows[-1:] and not os.path.exists(f"{ckpt}/.lock")
+    ok = r.rc == 0 and intact and refused == "clear error"
+    return verdict_of(r, ok, lost=not intact), (f"second run: {refused}; first: checkpoints "
+                                                f"{steps[-2:]}, {len(rows)} rows, lock released "
+                                                f"{not os.path.exists(f'{ckpt}/.lock')}")
 
   def sigint_twice(self):
     out = self.d("int")  # continues the run above
@@ -317,8 +443,11 @@ json.dump(cfg, open(p, "w"))
     last = _ckpts(out)[-1]
     r = cli([f"--steps={last + 3}", "--save_every=1", "--mode=async", "--max_staleness=1",
              f"--out_dir={out}", "--resume"])
-    ok = r.rc == 0 and _rows(out) == list(range(1, last + 4)) and "reclaimed a stale lock" in r.err
-    return verdict_of(r, ok), f"rc {r.rc}, rows unique: {len(set(_rows(out))) == len(_rows(out))}"
+    purges = _tb_purges(os.path.join(out, "tb"))
+    ok = (r.rc == 0 and _rows(out) == list(range(1, last + 4)) and "reclaimed a stale lock" in r.err
+          and purges == [last + 1])
+    return verdict_of(r, ok), (f"rc {r.rc}, rows unique: {len(set(_rows(out))) == len(_rows(out))}"
+                               f", TensorBoard purge at steps {purges} (resumed at {last})")
 
   def resume_cases(self):
     """(name, verdict, detail) for the resume cases on one finished run."""
@@ -355,20 +484,131 @@ json.dump(cfg, open(p, "w"))
     return got
 
   # ----- rollout side (another branch) ------------------------------------------------------------
-  def rollout_cases(self):
+  def rollout_cases(self, want: Callable[[str], bool] = lambda name: True):
     got = []
-    r = py("from jaxrl_sys.rollout import RolloutManager\n"
-           "print(RolloutManager([]).poll(timeout=5))", timeout=60)
-    got.append(("RolloutManager([]).poll()", verdict_of(r, r.rc == 0), f"rc {r.rc}"))
+    if want("RolloutManager([]).poll()"):
+      r = py("from jaxrl_sys.rollout import RolloutManager\n"
+             "print(RolloutManager([]).poll(timeout=5))", timeout=60)
+      got.append(("RolloutManager([]).poll()", verdict_of(r, r.rc == 0 and "[]" in r.err),
+                  f"rc {r.rc} in {r.seconds:.0f} s"))
+    for name, code, exc, error in API_CASES:
+      if want(name):
+        r = py(_api(code, exc), timeout=120)
+        first = next((x for x in r.err.splitlines() if x.startswith("error:")), "")
+        got.append((name, verdict_of(r, False, error=error), f"{first[:100]} ({r.seconds:.0f} s)"))
+    for name, fn in (("--ray_address=auto with no cluster", self.ray_auto),
+                     ("corrupt tensorstore version, Ray workers", self.corrupt_weights_ray)):
+      if want(name):
+        got.append((name, *fn()))
     return got
+
+  def ray_auto(self):
+    """--ray_address=auto with no cluster: Ray looks in its temp dir (RAY_TMPDIR, here an empty
+    one) and, for "auto", at the machine's gcs_server processes; another user's running cluster
+    would be joined, so the case is skipped then."""
+    import psutil  # pylint: disable=import-outside-toplevel
+    if any("gcs_server" in (p.info["name"] or "") for p in psutil.process_iter(["name"])):
+      return "skipped", "a Ray cluster runs on this machine (another user's): 'auto' would join it"
+    tmp = self.d("ray_tmp")
+    os.makedirs(tmp, exist_ok=True)
+    r = cli(["--rollout=ray", "--ray_address=auto", f"--out_dir={self.d('auto')}"],
+            env={"RAY_TMPDIR": tmp, "RAY_ADDRESS": ""}, timeout=180)
+    first = next((x for x in r.err.splitlines() if x.startswith("error:")), "")
+    return verdict_of(r, False, error=r"could not start or reach Ray \(auto\)"), first[:100]
+
+  def corrupt_weights_ray(self):
+    """Issue 30's case 1: 16 bytes flipped in the largest file of ws/v3 once its manifest
+    appears; the run must recover or stop with a clear error, within the deadline."""
+    out, ws = self.d("ws_run"), self.d("ws")
+    flipped = []
+
+    def act(p):
+      if _wait(lambda: os.path.exists(f"{ws}/v3/manifest.json"), p, timeout=400):
+        files = [os.path.join(ws, "v3", n) for n in os.listdir(f"{ws}/v3")]
+        name = max(files, key=os.path.getsize)
+        with open(name, "r+b") as f:
+          f.seek(os.path.getsize(name) // 2)
+          data = f.read(16)
+          f.seek(os.path.getsize(name) // 2)
+          f.write(bytes(b ^ 0xFF for b in data))
+        flipped.append(os.path.basename(name))
+    r = cli(["--rollout=ray", "--num_workers=2", "--steps=6", f"--weight_store=tensorstore:{ws}",
+             f"--out_dir={out}"], timeout=500, signals=act)
+    lines = [x for x in r.err.splitlines() if x.startswith("error:")]
+    recovered = r.rc == 0 and _rows(out) == list(range(1, 7))
+    reported = (r.rc in (1, 2) and len(lines) == 1 and "weight version 3" in lines[0]
+                and ws in lines[0])
+    detail = (f"rc {r.rc} in {r.seconds:.0f} s, flipped {flipped}, rows {_rows(out)}, "
+              f"{lines[0][:90] if lines else 'no error line'}")
+    return verdict_of(r, (recovered or reported) and bool(flipped)), detail
+
+
+def _api(code: str, exc: str) -> str:
+  """`code` run so that the expected exception `exc` becomes a one-line `error:` and exit 2
+  (what a user of the API sees as a clear error); any other exception is a traceback."""
+  body = "\n".join("  " + line for line in code.strip().splitlines())
+  return (f"import sys\nfrom jaxrl_sys.rollout import {exc}\ntry:\n{body}\n"
+          f"except {exc} as e:\n  print('error:', str(e).splitlines()[0][:600], file=sys.stderr)\n"
+          "  sys.exit(2)\n")
+
+
+_ROLLOUT_SETUP = """
+import numpy as np, jax, jax.numpy as jnp
+from jaxrl_sys.rollout import InProcessWorker, RolloutManager
+from tests.rollout import common
+"""
+# (name, code, the exception it must raise, the message it must contain)
+API_CASES = [
+    ("poll after submit without publish_weights", _ROLLOUT_SETUP + """
+m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())])
+m.submit(common.make_requests(2))
+m.poll(timeout=30)
+""", "RolloutStalledError", "no weight version was published: call publish_weights"),
+    ("wrong-shaped first publish_weights", _ROLLOUT_SETUP + """
+p = dict(common.params()); p["embed"] = p["embed"][:, :16]
+m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())])
+m.publish_weights(p, 0)
+m.submit(common.make_requests(1))
+m.poll(timeout=60)
+""", "WeightPullError", r"wrong shape: \['embed'\]"),
+    ("int32 published params", _ROLLOUT_SETUP + """
+p = jax.tree.map(lambda x: x.astype(jnp.int32), common.params())
+m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())])
+m.publish_weights(p, 0)
+m.submit(common.make_requests(1))
+m.poll(timeout=60)
+""", "WeightPullError", "not floating point"),
+    ("submit with no workers", _ROLLOUT_SETUP + """
+m = RolloutManager([])
+m.publish_weights(common.params(), 0)
+m.submit(common.make_requests(3))
+m.poll(min_count=3, timeout=30)
+""", "RolloutStalledError", "3 requests pending and no workers"),
+    ("corrupt tensorstore version, in-process worker", _ROLLOUT_SETUP + """
+import os, tempfile
+from jaxrl_sys.rollout.weights.tensorstore import TensorstoreWeightStore
+from tests.rollout.manager.test_deadlines import flip_largest_file
+d = tempfile.mkdtemp()
+store = TensorstoreWeightStore(d)
+m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())], store=store)
+m.publish_weights(common.params(), 0)
+store.wait()
+flip_largest_file(os.path.join(d, "v0"))
+m.submit(common.make_requests(2))
+m.poll(timeout=60)
+""", "WeightPullError", "weight version 0 could not be loaded .*CorruptWeightsError"),
+]
 
 
 def main() -> int:
   ap = argparse.ArgumentParser()
-  ap.add_argument("--only", default="", help="run the cases whose name contains this")
+  ap.add_argument("--only", default="", help="run the cases whose name contains one of these "
+                  "comma-separated substrings")
   ap.add_argument("--rollout", action="store_true", help="add the rollout-side cases")
   ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
   args = ap.parse_args()
+  parts = [x for x in args.only.split(",") if x]
+  want = lambda name: not parts or any(x in name for x in parts)  # noqa: E731
   tmp = tempfile.mkdtemp(prefix="fault_cases_")
   cases = Cases(tmp)
   table: list[tuple[str, str, str]] = []
@@ -379,24 +619,30 @@ def main() -> int:
 
   try:
     for name, flags, error in cases.error_cases():
-      if args.only in name:
+      if want(name):
         r = cli(flags, timeout=120)
         first = next((s for s in r.err.splitlines() if s.startswith("error:")), "")
         record(name, verdict_of(r, False, error=error), f"rc {r.rc}: {first[:110]}")
     runs = [("baseline G", cases.baseline), ("1 MB prompt, default --max_prompt_len",
                                               cases.huge_prompt_default),
             ("rewards: '1.0', None, list, 1e300", cases.rewards), ("SIGTERM", cases.sigterm),
+            ("1 MB prompt, --max_prompt_len=16", cases.huge_prompt_16),
             ("SIGINT", cases.sigint), ("second SIGINT", cases.sigint_twice),
+            ("SIGINT mid-save", cases.sigint_mid_save),
             ("--overwrite on a live run", cases.overwrite_live_run),
+            ("--checkpoint_dir of a live run", cases.shared_checkpoint_dir),
             ("SIGKILL + --resume", cases.sigkill_resume)]
     for name, fn in runs:
-      if args.only in name:
+      if want(name):
         record(name, *fn())
-    if args.only in "resume":
+    if want("reward returning"):
+      for row in cases.reward_values():
+        record(*row)
+    if want("--resume"):
       for row in cases.resume_cases():
         record(*row)
     if args.rollout:
-      for row in cases.rollout_cases():
+      for row in cases.rollout_cases(want):
         record(*row)
   finally:
     if not args.keep:
