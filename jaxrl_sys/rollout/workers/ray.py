@@ -135,6 +135,7 @@ class WorkerActor:
     self._seq = 0
     self._wake = threading.Event()
     self._stop = False
+    self.server.on_progress = self._publish  # a slow (token_delay) step streams its tokens
     threading.Thread(target=self._loop, name="generate", daemon=True).start()
 
   def pid(self) -> int:
