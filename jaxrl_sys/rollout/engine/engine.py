@@ -69,6 +69,7 @@ class Engine:
     s = config.num_slots
     dtype = None if config.cache_dtype is None else jax.numpy.dtype(config.cache_dtype)
     self.cache = kvc.init_cache(model_config, s, config.max_len, dtype)
+    self._warmed = 0  # variants run by `warmup` so far
     self._pending = np.zeros((s,), np.int32)   # token to feed next
     self._keys = np.zeros((s, 2), np.uint32)
     self._index = np.zeros((s,), np.int32)     # response index of the next sampled token
@@ -256,22 +257,31 @@ class Engine:
       self.cache = self._call(slots.copy_prefix, self.cache, src, dst, lens, t=t)
       self.stats.copy_calls += 1
 
-  def warmup(self) -> None:
-    """Compiles every prefill / copy / decode variant now (no state change): afterwards a
-    stream of requests of any admissible length runs without compiling."""
+  def warmup(self, limit: int | None = None) -> bool:
+    """Compiles the prefill / copy / decode variants now (no state change): afterwards a
+    stream of requests of any admissible length runs without compiling. With `limit`, runs
+    at most that many of the variants earlier calls did not run (a variant already compiled
+    by serving is a cheap cache hit). Returns whether variants remain."""
     c, n = self.config, self.config.num_slots
-    for t in c.prefill_buckets:
-      for b in c.prefill_batch_buckets:
-        self.cache = self._call(slots.prefill, self.params, self.cache, np.zeros((b, t), np.int32),
+    variants = [("prefill", t, b) for t in c.prefill_buckets for b in c.prefill_batch_buckets]
+    variants += [("copy", t, 0) for t in c.copy_buckets]
+    variants += [("decode", rows, w) for rows in c.decode_row_buckets
+                 for w in c.decode_len_buckets]
+    done = self._warmed
+    todo = variants[done:] if limit is None else variants[done:done + limit]
+    for kind, a, b in todo:
+      if kind == "prefill":
+        self.cache = self._call(slots.prefill, self.params, self.cache, np.zeros((b, a), np.int32),
                                 np.zeros((b,), np.int32), np.full((b,), n, np.int32),
                                 self.moe_state, config=self.model_config)
-    for t in c.copy_buckets:
-      self.cache = self._call(slots.copy_prefix, self.cache, np.zeros((n,), np.int32),
-                              np.full((n,), n, np.int32), np.zeros((n,), np.int32), t=t)
-    for rows in c.decode_row_buckets:
-      for width in c.decode_len_buckets:
-        self._decode(rows, width, np.zeros((rows,), bool))
+      elif kind == "copy":
+        self.cache = self._call(slots.copy_prefix, self.cache, np.zeros((n,), np.int32),
+                                np.full((n,), n, np.int32), np.zeros((n,), np.int32), t=a)
+      else:
+        self._decode(a, b, np.zeros((a,), bool))
+    self._warmed = done + len(todo)
     jax.block_until_ready(self.cache)
+    return self._warmed < len(variants)
 
   def _free_order(self) -> list[int]:
     """Free slots, lowest first, those holding a prefix a waiting request wants last."""

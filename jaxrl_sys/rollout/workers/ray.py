@@ -120,7 +120,8 @@ class WorkerActor:
   """The actor body (made a Ray actor class by `RayWorker`). See the module docstring."""
 
   def __init__(self, worker_id: str, model_config: ModelConfig, engine_config: EngineConfig,
-               warmup: bool = False, token_delay: float = 0.0, compile_cache: str | None = None):
+               warmup: bool | str = False, token_delay: float = 0.0,
+               compile_cache: str | None = None):
     if compile_cache:
       import jax  # pylint: disable=import-outside-toplevel
       jax.config.update("jax_compilation_cache_dir", compile_cache)
@@ -218,7 +219,7 @@ class WorkerActor:
         busy = True
       if busy:
         self._publish()
-      else:
+      elif not s.warm_when_idle():
         self._wake.wait(timeout=0.05)
         self._wake.clear()
 
@@ -241,7 +242,8 @@ class RayWorker:
     model_config, engine_config: what the actor's engine is built with.
     local: True for an actor on the trainer's own devices.
     num_cpus, num_gpus, resources: the actor's Ray resources (placement on a cluster).
-    warmup: compile every engine shape after the first weights arrive.
+    warmup: when the engine compiles its shapes (`WorkerServer`'s warmup: True before
+      reporting ready, "idle" as work needs them and while idle, False on first use).
     token_delay: seconds the actor sleeps per generated token (slows a worker on purpose, to
       test and benchmark load balancing and the offload controller).
     compile_cache: JAX persistent compilation cache directory for the actor.
@@ -251,7 +253,7 @@ class RayWorker:
 
   def __init__(self, worker_id: str, model_config: ModelConfig, engine_config: EngineConfig, *,
                local: bool = False, num_cpus: float = 1.0, num_gpus: float = 0.0,
-               resources: dict | None = None, warmup: bool = False, token_delay: float = 0.0,
+               resources: dict | None = None, warmup: bool | str = False, token_delay: float = 0.0,
                compile_cache: str | None = None, max_wait: float = 0.05):
     self.worker_id, self.local, self.max_wait = worker_id, local, max_wait
     env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}

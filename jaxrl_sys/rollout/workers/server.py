@@ -37,7 +37,12 @@ class WorkerServer:
   Args:
     worker_id: the worker's name.
     model_config, engine_config: what the engine is built with.
-    warmup: compile every engine shape right after the first weights arrive.
+    warmup: True: compile every engine shape when the first weights arrive, before the worker
+      reports a version (ready = compiled: no stall later); "idle": report ready as soon as the
+      weights are in, compile the shapes that work needs as it comes, and the others one at a
+      time while idle (`warm_when_idle`): a restarted worker serves after the few programs
+      its first requests use, not after all of them (preemptible workers, whose life may be
+      shorter than a full warm-up); False: compile on first use only.
     token_delay: seconds to sleep per generated token (a slower device, on purpose: tests and
       benchmarks of load balancing and offload on one machine). The step's tokens are released
       one decode position at a time as their share of the delay passes, as a device that slow
@@ -48,12 +53,15 @@ class WorkerServer:
   """
 
   def __init__(self, worker_id: str, model_config: ModelConfig, engine_config: EngineConfig,
-               warmup: bool = False, token_delay: float = 0.0):
+               warmup: bool | str = False, token_delay: float = 0.0):
     self.worker_id, self.model_config, self.engine_config = worker_id, model_config, engine_config
     self.token_delay = float(token_delay)
     self.on_progress: Callable[[], None] | None = None
     self.engine: Engine | None = None
+    if warmup not in (True, False, "idle"):
+      raise ValueError(f"WorkerServer: warmup must be True, False or 'idle', got {warmup!r}")
     self._warmup = warmup
+    self._warm_done = False
     self._seq = 0
     self._chunks: list[TokenChunk] = []
     self._profile: list[tuple[int, int, float]] = []
@@ -116,7 +124,7 @@ class WorkerServer:
     if self.engine is None:
       engine = Engine(self.model_config, params, self.engine_config, version=version,
                       moe_state=moe_state)
-      if self._warmup:
+      if self._warmup is True:
         engine.warmup()  # before the engine is visible: the worker reports a version only then
       self.engine = engine
     elif version > self.engine.version:
@@ -124,6 +132,15 @@ class WorkerServer:
     self._pulls.append((int(version), float(seconds)))
     if self.loading == version:
       self.loading = -1
+
+  def warm_when_idle(self) -> bool:
+    """With `warmup="idle"` and no work: compiles one engine shape not compiled yet; returns
+    whether it did (False: nothing to do, the caller may sleep)."""
+    e = self.engine
+    if self._warmup != "idle" or e is None or e.has_work() or self._warm_done:
+      return False
+    self._warm_done = not e.warmup(limit=1)
+    return True
 
   def pull_failed(self, version: int, error: BaseException) -> None:
     """Records a failed pull (the previous version keeps serving)."""

@@ -7,7 +7,7 @@ from tests.rollout import common
 
 
 def _run(delay):
-  server = WorkerServer("w", common.CFG, common.engine_config(), token_delay=delay)
+  server = WorkerServer("w", common.CFG, common.engine_config(common.GREEDY), token_delay=delay)
   server.swap(0, common.params(), None, 0.0)
   releases = []  # tokens buffered at each on_progress call
   server.on_progress = lambda: releases.append(sum(len(c.tokens) for c in server._chunks))  # pylint: disable=protected-access
@@ -40,3 +40,25 @@ def test_delayed_tokens_stream_per_position_and_equal_the_undelayed_step():
     mine = [c for c in slow.chunks if c.request_id == rid]
     assert [c.start for c in mine] == list(range(mine[0].start, mine[0].start + len(mine)))
     assert all(c.finish is None for c in mine[:-1])
+
+
+def test_idle_warmup_serves_at_once_and_compiles_the_rest_while_idle():
+  server = WorkerServer("w", common.CFG, common.engine_config(common.GREEDY), warmup="idle")
+  server.swap(0, common.params(), None, 0.0)
+  assert server.version == 0 and server.engine._warmed == 0  # ready before any compile  # pylint: disable=protected-access
+  server.submit(common.make_requests(2, seed=3))
+  assert not server.warm_when_idle()  # work first: no warm-up while requests wait
+  while server.has_work():
+    server.step()
+  c = common.engine_config(common.GREEDY)
+  variants = (len(c.prefill_buckets) * len(c.prefill_batch_buckets) + len(c.copy_buckets)
+              + len(c.decode_row_buckets) * len(c.decode_len_buckets))
+  steps = 0
+  while server.warm_when_idle():
+    steps += 1
+  assert steps == variants and not server.warm_when_idle()
+  before = server.engine.stats.compilations
+  server.submit(common.make_requests(3, seed=4, first_id=10))
+  while server.has_work():
+    server.step()
+  assert server.engine.stats.compilations == before  # every shape was compiled while idle
