@@ -90,3 +90,29 @@ def test_chaos_kills_and_restarts_and_every_request_completes():
     assert list(c.request.tokens) == expected(by_id[c.request_id])
   assert m.stats.lost >= 2 and len(made) >= 5
   assert sum(w.generated for w in made.values()) == sum(len(c.request.tokens) for c in out)
+
+
+def test_chaos_clock_waits_for_the_first_serving_worker():
+  """`clock_from_serving`: no kill lands while the fleet's workers are still starting (no
+  weights yet); once one serves, kills follow the schedule's own gaps from that moment. The
+  plain clock kills a starting fleet on the same schedule."""
+  def run(clock_from_serving):
+    clock = ManualClock()
+    m = RolloutManager(store=MemoryWeightStore(), config=ManagerConfig(), clock=clock)
+    fleet = Fleet(lambda wid: FakeWorker(wid, clock, num_slots=2),
+                  clock_from_serving=clock_from_serving,
+                  schedule=ChaosSchedule(kill_every=1.0, seed=5, restart_after=0.2, slots=2,
+                                         distribution="uniform"))
+    for i in range(40):  # 4 s of ticks with no weights: nobody serves
+      fleet(m, i * 0.1)
+    starting = [e for e in fleet.log if e[1] == "preempt"]
+    for ws in m.workers.values():  # the first worker reports its weights at t = 4
+      ws.version = 0
+    for i in range(40, 80):
+      fleet(m, i * 0.1)
+    return starting, [t for t, a, _ in fleet.log if a == "preempt"]
+
+  starting, kills = run(clock_from_serving=True)
+  assert starting == [] and kills and min(kills) >= 4.0 + 0.5  # uniform gaps >= 0.5 x 1.0
+  starting, _ = run(clock_from_serving=False)
+  assert starting, "without the option the same schedule kills starting workers"
