@@ -9,8 +9,11 @@ handful of figures fitted to those points (`sim.paper.calibration_points` runs t
 fit is then applied, unchanged, to 8B and 32B and to the Bamboo trace (held out).
 
 Fitted (F) and taken-from-measurement (M) figures; sources in `sim/README.md`:
-- decode_scale, ctx_scale (F): decode step time relative to the roofline preset (the fixed and
-  per-sequence terms; the per-context-token term);
+- step_extra_s (F): host-side seconds per decode step (scheduler, sampling with log-probs,
+  streaming) added to the roofline's fixed term; fitted 30 ms;
+- ctx_scale (F): attention over the KV relative to the roofline (fitted 2: KV reads at 30% of
+  HBM bandwidth); decode_scale (F, left at 1): the weight-read and per-sequence terms;
+- mem_fraction, max_running (M): RLBoost's release (SGLang at 0.6 of HBM, 256 sequences);
 - prefill_scale (F): prefill time relative to the roofline preset (the hand-off's re-prefill);
 - length median / sigma / group_share (F): the response lengths of OpenR1-Math prompts under
   the 14K cap and their within-group correlation (RLBoost does not publish them);
@@ -82,7 +85,8 @@ class InstanceFit:
       if kv <= 0:
         raise ValueError(f"InstanceFit: {preset.name}'s weights do not fit "
                          f"{self.mem_fraction:g} of the instance's memory")
-    decode = dataclasses.replace(d, fixed_s=d.fixed_s * s + self.step_extra_s, per_seq_s=d.per_seq_s * s,
+    decode = dataclasses.replace(d, fixed_s=d.fixed_s * s + self.step_extra_s,
+                                 per_seq_s=d.per_seq_s * s,
                                  per_ctx_token_s=d.per_ctx_token_s * self.ctx_scale,
                                  kv_capacity_tokens=kv)
     return dataclasses.replace(
