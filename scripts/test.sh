@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh test,ray
 set +e
-.venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
+.venv/bin/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -337,7 +337,8 @@ class Simulation:
     except _Stop:
       pass
     end = self.steps[-1].end if self.steps else 0.0
-    return SimResult.build(c, self.trace, self.steps, end, self.cluster, self.manager)
+    return SimResult.build(c, self.trace, self.steps, end, self.cluster, self.manager,
+                           simulated=min(self.clock.now(), c.horizon))
 
 
 def simulate(config: SimConfig, trace: Trace | None = None) -> SimResult:

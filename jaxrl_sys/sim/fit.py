@@ -9,8 +9,11 @@ handful of figures fitted to those points (`sim.paper.calibration_points` runs t
 fit is then applied, unchanged, to 8B and 32B and to the Bamboo trace (held out).
 
 Fitted (F) and taken-from-measurement (M) figures; sources in `sim/README.md`:
-- decode_scale, ctx_scale (F): decode step time relative to the roofline preset (the fixed and
-  per-sequence terms; the per-context-token term);
+- step_extra_s (F): host-side seconds per decode step (scheduler, sampling with log-probs,
+  streaming) added to the roofline's fixed term; fitted 30 ms;
+- ctx_scale (F): attention over the KV relative to the roofline (fitted 2: KV reads at 30% of
+  HBM bandwidth); decode_scale (F, left at 1): the weight-read and per-sequence terms;
+- mem_fraction, max_running (M): RLBoost's release (SGLang at 0.6 of HBM, 256 sequences);
 - prefill_scale (F): prefill time relative to the roofline preset (the hand-off's re-prefill);
 - length median / sigma / group_share (F): the response lengths of OpenR1-Math prompts under
   the 14K cap and their within-group correlation (RLBoost does not publish them);
@@ -40,6 +43,9 @@ class InstanceFit:
     mem_fraction: share of an instance's HBM for weights + KV cache (None: the preset's);
       RLBoost's release runs SGLang at 0.6, local and remote (M).
     max_running: most sequences an engine decodes at once (release: max_num_seqs 256) (M).
+    step_extra_s: seconds added to every decode step whatever the batch (F): the engine's
+      host-side work per step (scheduling, sampling with log-probs, streaming) that the
+      roofline's 1 ms leaves out; it sets how slowly the last responses of a step decode.
     median, sigma, group_share: the clipped log-normal response lengths (`LengthDistribution`).
   """
   decode_scale: float = 1.0
@@ -50,13 +56,14 @@ class InstanceFit:
   group_share: float = 0.5
   mem_fraction: float | None = None
   max_running: int = 1024
+  step_extra_s: float = 0.0
 
   def __post_init__(self):
     if not (self.decode_scale > 0 and self.ctx_scale > 0 and self.prefill_scale > 0
-            and self.max_running >= 1
+            and self.max_running >= 1 and self.step_extra_s >= 0
             and (self.mem_fraction is None or 0 < self.mem_fraction <= 1)):
-      raise ValueError(f"InstanceFit: need scales > 0, max_running >= 1, 0 < mem_fraction <= "
-                       f"1; got {self}")
+      raise ValueError(f"InstanceFit: need scales > 0, max_running >= 1, step_extra_s >= 0, "
+                       f"0 < mem_fraction <= 1; got {self}")
     LengthDistribution(self.median, self.sigma, group_share=self.group_share)  # validates
 
   def lengths(self, max_tokens: int = 14336) -> LengthDistribution:
@@ -78,7 +85,8 @@ class InstanceFit:
       if kv <= 0:
         raise ValueError(f"InstanceFit: {preset.name}'s weights do not fit "
                          f"{self.mem_fraction:g} of the instance's memory")
-    decode = dataclasses.replace(d, fixed_s=d.fixed_s * s, per_seq_s=d.per_seq_s * s,
+    decode = dataclasses.replace(d, fixed_s=d.fixed_s * s + self.step_extra_s,
+                                 per_seq_s=d.per_seq_s * s,
                                  per_ctx_token_s=d.per_ctx_token_s * self.ctx_scale,
                                  kv_capacity_tokens=kv)
     return dataclasses.replace(
@@ -90,7 +98,7 @@ class InstanceFit:
 # The roofline model as it was before the fit (every figure derived; R1-like lengths).
 ROOFLINE = InstanceFit()
 # Fitted to the 14B static-pool points and the length-sweep end points (sim/paper.py).
-FITTED = InstanceFit(decode_scale=2.0, ctx_scale=4.0, mem_fraction=0.6, max_running=256)
+FITTED = InstanceFit(ctx_scale=2.0, step_extra_s=0.03, mem_fraction=0.6, max_running=256)
 
 
 def fitted_presets(fit: InstanceFit = FITTED) -> dict[str, ModelPreset]:

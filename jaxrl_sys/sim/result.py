@@ -77,7 +77,10 @@ class SimResult:
   series: dict
 
   @classmethod
-  def build(cls, cfg, trace, steps: list[StepRecord], end: float, cluster, manager) -> SimResult:
+  def build(cls, cfg, trace, steps: list[StepRecord], end: float, cluster, manager,
+            simulated: float | None = None) -> SimResult:
+    """The result of a run whose completed steps end at `end`; `simulated` (default the
+    horizon) is the virtual time the run covered, the span of the per-minute series."""
     p = cfg.preset
     tokens = sum(s.tokens for s in steps)
     spot_s = cluster.instance_seconds(0.0, end)
@@ -88,7 +91,8 @@ class SimResult:
       cost = run_cost(cfg.prices, end, nodes, 0.0, p.gpus_per_node, p.gpus_per_instance) + \
           cfg.disagg_instances * p.gpus_per_instance * cfg.prices.on_demand_gpu_hour * end / 3600
     tpd = tokens_per_dollar(tokens, cost) if cost > 0 else 0.0
-    grid = [60.0 * i for i in range(int(cfg.horizon // 60) + 1)]
+    span = cfg.horizon if simulated is None else simulated
+    grid = [60.0 * i for i in range(int(span // 60) + 1)]
     series = {"t": grid, "used": [cluster.live_remote_at(t) for t in grid]}
     if trace is not None:
       series["available"] = [trace.live_at(t) for t in grid]

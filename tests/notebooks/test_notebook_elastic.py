@@ -2,12 +2,13 @@
 
 The kernel is its own process: it starts its own local Ray instance (never the session's
 `ray_session`, which may be alive in this xdist worker) and shuts it down in its last cell.
-In the "ray" xdist group, so that it never runs beside the other Ray tests."""
+In the "ray-cli" xdist group (with the CLI's Ray runs), so that it never runs beside another
+command that starts a Ray instance of its own."""
 import pytest
 
 from tests.notebooks.runner import images, run_notebook
 
-pytestmark = pytest.mark.xdist_group("ray")
+pytestmark = pytest.mark.xdist_group("ray-cli")
 
 
 def test_elastic_rollout_kills_a_worker_and_loses_no_token(tmp_path):

@@ -146,3 +146,14 @@ def test_step_0_runs_at_most_n_resv_instances_and_the_switch_starts_all():
   old = Simulation(with_offload(small(max_steps=1), cap_starts_at_resv=False), spot_trace(8, 1e6))
   res_old = old.run()
   assert res_old.steps[0].remote_live == 8
+
+
+def test_the_per_minute_series_spans_the_simulated_time_not_an_unreached_horizon():
+  # A run stopped by max_steps under a 1e9 s horizon: one point a minute up to where it
+  # stopped (it used to fill 16.7M points up to the horizon, minutes of CPU); a run stopped by
+  # its horizon keeps one point a minute up to the horizon.
+  res = simulate(small(max_steps=2, horizon=1e9), constant_trace(2, 1e9))
+  t = res.series["t"]
+  assert t[0] == 0.0 and t[-1] <= res.wall + 120.0 and len(t) == len(res.series["used"])
+  short = simulate(small(max_steps=None, horizon=300.0), constant_trace(2, 1e9))
+  assert short.series["t"][-1] == 300.0 and len(short.series["t"]) == 6

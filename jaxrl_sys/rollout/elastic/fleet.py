@@ -40,11 +40,19 @@ class Fleet:
     preempt: how a `remove` kills a worker (default: its `preempt()`, else `kill()`).
     retire_after: seconds the fleet must stay above its cap before the newest workers are
       retired (a cap computed per step is noisy; starting a worker costs a start-up delay).
+    serving_clock: the schedule's clock runs only while at least one fleet worker serves
+      (holds weights); it stands still while every worker is starting. For random kills
+      (`ChaosSchedule`): kill gaps are measured in serving time, so a cold start (process,
+      imports, the first compile) is never the only target, and however slowly workers start
+      on a loaded host, a worker serves for at least one gap between two kills: kills slow
+      the run down but cannot stop it. A spot trace keeps False: it replays availability
+      in real time from the first tick.
   """
 
   def __init__(self, factory: Callable[[str], Worker], *, schedule=None, size: int = 0,
                cap: int | Callable[[], int | None] | None = None, prefix: str = "spot-",
-               preempt: Callable[[Worker], None] = _preempt, retire_after: float = 30.0):
+               preempt: Callable[[Worker], None] = _preempt, retire_after: float = 30.0,
+               serving_clock: bool = False):
     if schedule is None and size <= 0:
       raise ValueError("Fleet needs a schedule or size > 0")
     self.factory, self.schedule, self.prefix, self._preempt = factory, schedule, prefix, preempt
@@ -56,15 +64,32 @@ class Fleet:
     self._origin: float | None = None
     self.retire_after = retire_after
     self._above_since: float | None = None
+    self.serving_clock = serving_clock
+    self._served = 0.0  # serving time so far (serving_clock)
+    self._last: tuple[float, bool] | None = None  # (time, serving) at the previous tick
 
   def cap(self) -> int | None:
     return self._cap() if callable(self._cap) else self._cap
 
+  def _serving(self, manager) -> bool:
+    states = getattr(manager, "workers", {})
+    return any(getattr(states.get(w.worker_id), "version", -1) >= 0
+               for w in self.workers.values())
+
+  def _schedule_time(self, manager, now: float) -> float:
+    if not self.serving_clock:
+      if self._origin is None:
+        self._origin = now
+      return now - self._origin
+    if self._last is not None and self._last[1]:
+      self._served += now - self._last[0]
+    self._last = (now, self._serving(manager))
+    return self._served
+
   def __call__(self, manager, now: float) -> None:
-    if self._origin is None:
-      self._origin = now
+    t = self._schedule_time(manager, now)
     if self.schedule is not None:
-      for ev in self.schedule.due(now - self._origin):
+      for ev in self.schedule.due(t):
         if ev.kind == ADD:
           self.available.add(ev.node)
         elif ev.kind == REMOVE:

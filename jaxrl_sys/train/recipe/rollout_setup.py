@@ -39,7 +39,7 @@ class RolloutSetup:
     trace_time_scale: host seconds per trace second (1/60: a trace minute per second).
     trace_sample: the fraction of the trace's nodes kept (seeded, as RLBoost kept 50%).
     chaos_kill_every: mean seconds between random SIGKILLs of a worker (0 = off; gaps uniform
-      in [0.5, 1.5] x this).
+      in [0.5, 1.5] x this), in serving time: the kill clock runs while a worker serves.
     chaos_restart_after: seconds before a chaos-killed worker's slot restarts.
     worker_cpus: Ray resources: CPUs per rollout worker.
     worker_gpus: Ray resources: GPUs per rollout worker.
@@ -183,5 +183,8 @@ def ray_client(setup: RolloutSetup, model_config: ModelConfig, engine_config: En
     schedule = ChaosSchedule(setup.chaos_kill_every, seed=seed,
                              restart_after=setup.chaos_restart_after, slots=setup.num_workers,
                              distribution="uniform")
-  manager.add_tick_hook(Fleet(factory, schedule=schedule, size=size, cap=setup.num_workers))
+  # Chaos kill gaps are serving time (kills never leave a fleet that cannot serve); a trace
+  # replays availability in real time.
+  manager.add_tick_hook(Fleet(factory, schedule=schedule, size=size, cap=setup.num_workers,
+                              serving_clock=bool(setup.chaos_kill_every)))
   return manager

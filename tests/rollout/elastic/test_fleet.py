@@ -90,3 +90,36 @@ def test_chaos_kills_and_restarts_and_every_request_completes():
     assert list(c.request.tokens) == expected(by_id[c.request_id])
   assert m.stats.lost >= 2 and len(made) >= 5
   assert sum(w.generated for w in made.values()) == sum(len(c.request.tokens) for c in out)
+
+
+def test_chaos_clock_counts_serving_time_only():
+  """`serving_clock`: no kill lands while every fleet worker is starting (no weights); once
+  one serves, kills follow the schedule's gaps in serving time, and the clock stands still
+  again while none serves. The plain clock kills a starting fleet on the same schedule."""
+  def run(serving_clock):
+    clock = ManualClock()
+    m = RolloutManager(store=MemoryWeightStore(), config=ManagerConfig(), clock=clock)
+    fleet = Fleet(lambda wid: FakeWorker(wid, clock, num_slots=2), serving_clock=serving_clock,
+                  schedule=ChaosSchedule(kill_every=1.0, seed=5, restart_after=0.2, slots=2,
+                                         distribution="uniform"))
+    t, kills = 0.0, []
+
+    def ticks(n, serving):
+      nonlocal t
+      for _ in range(n):
+        for ws in m.workers.values():  # every worker (restarted ones too) serves or starts
+          ws.version = 0 if serving else -1
+        fleet(m, t)
+        t += 0.1
+        kills.append(sum(a == "preempt" for _, a, _ in fleet.log))
+
+    ticks(40, serving=False)  # 4 s: nobody serves
+    ticks(40, serving=True)   # 4 s serving
+    ticks(40, serving=False)  # 4 s: nobody serves again
+    return kills
+
+  kills = run(serving_clock=True)
+  assert kills[39] == 0, "a kill landed before any worker served"
+  assert kills[79] >= 2  # 4 s of serving time, gaps of 0.5-1.5 s
+  assert kills[119] - kills[80] <= 1  # the pause: at most the kill due at its first tick
+  assert run(serving_clock=False)[39] >= 2, "the plain clock kills starting workers"
