@@ -16,7 +16,7 @@ Python, under a time limit, and gets one verdict:
 
 `--rollout` adds the rollout-side cases (RolloutManager waits and weight checks through the
 API, a corrupt tensorstore version under Ray workers, Ray addresses).
-Not run by CI: about 25 minutes on 2 busy CPU cores (69 cases with --rollout).
+Not run by CI: about 25 minutes on 2 busy CPU cores (62 cases with --rollout).
 """
 from __future__ import annotations
 
