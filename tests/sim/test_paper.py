@@ -35,6 +35,17 @@ def test_the_fit_changes_only_what_it_says():
     InstanceFit(step_extra_s=-1.0)
 
 
+def test_the_static_pool_is_modelled_as_the_paper_ran_it():
+  # A fixed pool (every instance used: no N_prem cap) under the adaptive controller (nothing in
+  # the spec fixes T_seed for it), RLBoost's released settings: first window 150 s, floor 5 s,
+  # rate 1/3.
+  cfg = paper.static_pool_config(FITTED)
+  off = cfg.offload
+  assert off.fixed is None and not off.cap_workers and off.memory
+  assert (off.t_init, off.t_min, off.rate) == (150.0, 5.0, pytest.approx(1 / 3))
+  assert cfg.mode == "rlboost" and cfg.workload.lengths.max_tokens == paper.CAP_14K
+
+
 _OPT_IN = pytest.mark.skipif(os.environ.get("JAXRL_SIM_PAPER") != "1",
                              reason="RLBoost's end-to-end points take minutes: JAXRL_SIM_PAPER=1")
 
