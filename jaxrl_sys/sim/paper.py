@@ -62,14 +62,22 @@ def _static_job(args) -> tuple[float, float]:
   return _steady(res, skip)
 
 
+def static_pool_config(fit: InstanceFit, max_tokens: int = CAP_14K, steps: int = 10,
+                       preset=QWEN3_14B) -> SimConfig:
+  """The static-pool experiment as the spec describes it (1.8: a fixed number of instances;
+  nothing fixes T_seed): every instance of the pool used (no N_prem cap), the controller's
+  adaptive window from its first value (150 s), warm instances, `steps` steps."""
+  base = SimConfig(fit.apply(preset), workload=Workload(lengths=fit.lengths(max_tokens)),
+                   engine=fit.engine(), startup=WARM_RESTART, horizon=1e9, max_steps=steps)
+  return dataclasses.replace(base, offload=dataclasses.replace(base.offload, cap_workers=False))
+
+
 def static_pool(fit: InstanceFit, counts: Sequence[int], max_tokens: int = CAP_14K,
                 steps: int = 10, skip: int = 3, jobs: int = 1,
                 preset=QWEN3_14B) -> dict[int, tuple[float, float]]:
   """{n: (throughput ratio, cost-efficiency ratio)} of a static pool of n instances vs
   co-located veRL, both on `fit` (see the module docstring)."""
-  base = SimConfig(fit.apply(preset), workload=Workload(lengths=fit.lengths(max_tokens)),
-                   engine=fit.engine(), startup=WARM_RESTART, horizon=1e9, max_steps=steps)
-  base = dataclasses.replace(base, offload=dataclasses.replace(base.offload, cap_workers=False))
+  base = static_pool_config(fit, max_tokens, steps, preset)
   jobs_ = [(dataclasses.replace(base, mode="colocated"), 0, skip)]
   jobs_ += [(base, n, skip) for n in counts]
   out = experiment.parallel_map(_static_job, jobs_, jobs)

@@ -20,8 +20,9 @@ between mechanisms, not implementations:
   `max(running - B, 0)` rule only: the tail of a batch is not split over idle workers),
   `no_cap` (no N_prem cap), `cap_from_inf` (the cap starts unbounded instead of at N_resv,
   so every live instance starts before step 0: this library's behaviour before it followed
-  Algorithm 1), and `release` (trimming on, balancing and the cap off: the
-  released system's behaviour).
+  Algorithm 1), `cap_ceil` (the fleet runs ceil(N_prem) instances instead of floor(N_prem):
+  this library's rounding before it followed "does not allocate beyond N_prem"), and
+  `release` (trimming on, balancing and the cap off: the released system's behaviour).
 """
 from __future__ import annotations
 
@@ -82,6 +83,8 @@ _S = [
     Setting("no_cap", "- no N_prem cap", "beyond paper", offload=(("cap_workers", False),)),
     Setting("cap_from_inf", "- N_prem cap from infinity", "beyond paper",
             offload=(("cap_starts_at_resv", False),)),
+    Setting("cap_ceil", "- N_prem cap rounded up", "beyond paper",
+            offload=(("cap_ceil", True),)),
     Setting("release", "- all three (release-like)", "beyond paper",
             manager=(("balance", False), ("trim_siblings", True)),
             offload=(("cap_workers", False),)),

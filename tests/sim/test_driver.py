@@ -157,3 +157,17 @@ def test_the_per_minute_series_spans_the_simulated_time_not_an_unreached_horizon
   assert t[0] == 0.0 and t[-1] <= res.wall + 120.0 and len(t) == len(res.series["used"])
   short = simulate(small(max_steps=None, horizon=300.0), constant_trace(2, 1e9))
   assert short.series["t"][-1] == 300.0 and len(short.series["t"]) == 6
+
+
+@pytest.mark.parametrize("ceil", [False, True])
+def test_no_instance_starts_beyond_the_n_prem_cap(ceil):
+  # Twelve spot instances are available throughout; the fleet starts one only while it runs
+  # fewer than floor(N_prem) (Algorithm 1: none beyond N_prem), ceil(N_prem) with `cap_ceil`.
+  sim = Simulation(with_offload(small(max_steps=4), cap_ceil=ceil), spot_trace(12, 1e6))
+  seen = []
+  sim.manager.add_tick_hook(lambda m, now: seen.append((len(sim.fleet.workers), m.worker_cap)))
+  res = sim.run()
+  caps = [s.n_prem_cap for s in res.steps]  # the integer cap each step leaves for the next
+  assert all(c >= 1 for c in caps) and min(caps) < 12  # the cap binds here
+  grew = [(n, cap) for (n0, _), (n, cap) in zip(seen, seen[1:]) if n > n0]
+  assert grew and all(n <= cap for n, cap in grew)

@@ -16,8 +16,11 @@ fits in the training time; the fleet does not run more (RLBoost's release return
 count instead; we compute it). As Algorithm 1 writes it, the cap starts at N_resv: before the
 first step is measured the fleet runs at most N_resv remote workers (`cap_starts_at_resv`;
 off, the cap starts unbounded and every available worker starts before step 0, this library's
-earlier behaviour). Everything here is pure: `offload_update(state, timings, config)`
-returns the next state, which is plain data saved in the trainer's checkpoint.
+earlier behaviour). The fleet runs at most floor(N_prem) workers ("does not allocate beyond
+N_prem", at least one so that remote capacity keeps being measured); `cap_ceil` rounds up
+instead (this library's earlier behaviour). Everything here is pure:
+`offload_update(state, timings, config)` returns the next state, which is plain data saved in
+the trainer's checkpoint.
 """
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ class OffloadConfig:
     cap_workers: compute N_prem and cap the fleet with it.
     cap_starts_at_resv: the cap before the first update is N_resv (Algorithm 1); False = no
       cap until the first step is measured (every available worker starts at once).
+    cap_ceil: run up to ceil(N_prem) workers instead of floor(N_prem) (Algorithm 1 allocates
+      none beyond N_prem; the ceiling was this library's earlier rounding).
     fixed: a fixed window instead of the controller (0 = offload everything at once,
       math.inf = co-located only, no seeding hand-off); None = adaptive.
   """
@@ -49,6 +54,7 @@ class OffloadConfig:
   memory: bool = True
   cap_workers: bool = True
   cap_starts_at_resv: bool = True
+  cap_ceil: bool = False
   fixed: float | None = None
 
   def __post_init__(self):
@@ -103,9 +109,13 @@ class OffloadState:
     return cls(float(d["t_seed"]), math.inf if cap is None else float(cap),
                tuple((int(k), float(v)) for k, v in d.get("memory", ())), int(d.get("steps", 0)))
 
-  def worker_cap(self) -> int | None:
-    """The fleet cap: ceil(N_prem) (at least 1 so remote capacity is probed), None = none."""
-    return None if math.isinf(self.n_prem_cap) else max(1, int(math.ceil(self.n_prem_cap - 1e-9)))
+  def worker_cap(self, ceil: bool = False) -> int | None:
+    """The fleet cap: floor(N_prem) (`ceil`: rounded up), at least 1 so that remote capacity
+    keeps being measured; None = no cap."""
+    if math.isinf(self.n_prem_cap):
+      return None
+    n = math.ceil(self.n_prem_cap - 1e-9) if ceil else math.floor(self.n_prem_cap + 1e-9)
+    return max(1, int(n))
 
 
 def offload_init(config: OffloadConfig) -> OffloadState:
@@ -164,7 +174,7 @@ class OffloadDriver:
     """Sets the fleet cap (`manager.worker_cap`) to the controller's N_prem (when capping);
     call it before the fleet first starts workers so that none beyond the cap start."""
     if self.config.cap_workers:
-      manager.worker_cap = self.state.worker_cap()
+      manager.worker_cap = self.state.worker_cap(self.config.cap_ceil)
 
   def begin_step(self, manager) -> None:
     local, remote = self._split(manager)
@@ -226,7 +236,7 @@ class OffloadDriver:
     used = self.state.t_seed if self.seeding else 0.0
     if n_prem > 0 or busy:
       self.state = offload_update(self.state, timings, self.config)
-    cap = self.state.worker_cap()
+    cap = self.state.worker_cap(self.config.cap_ceil)
     return {"t_seed": used, "t_seed_next": self.state.t_seed, "seeded": float(self.seeding),
             "t_wait_train": t_wait_train, "t_wait_remote": timings.t_wait_remote,
             "t_remote": timings.t_remote, "workers_used": n_prem,

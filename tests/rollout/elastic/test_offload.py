@@ -44,7 +44,11 @@ def test_n_prem_is_the_remote_count_that_fits_rollout_in_the_training_time():
   # (t_remote * n_prem + T_seed * N_resv) / t_train = (6 * 2 + 4 * 2) / 10
   assert s.n_prem_cap == pytest.approx(2.0) and s.worker_cap() == 2
   s = offload_update(s, dataclasses.replace(T, t_remote=9.0, n_prem=3.0), cfg)
-  assert s.n_prem_cap == pytest.approx((9 * 3 + 4 * 2) / 10) and s.worker_cap() == 4
+  # 3.5: the fleet runs 3 ("does not allocate beyond N_prem"); the switch rounds up to 4
+  assert s.n_prem_cap == pytest.approx((9 * 3 + 4 * 2) / 10) and s.worker_cap() == 3
+  assert s.worker_cap(ceil=True) == 4
+  tiny = offload_update(s, dataclasses.replace(T, t_remote=0.1, n_prem=1.0), cfg)
+  assert tiny.n_prem_cap < 1 and tiny.worker_cap() == tiny.worker_cap(ceil=True) == 1
   off = offload_update(offload_init(cfg), T, dataclasses.replace(cfg, cap_workers=False))
   assert math.isinf(off.n_prem_cap) and off.worker_cap() is None
 
@@ -149,5 +153,25 @@ def test_instances_beyond_the_initial_cap_are_not_started(at_resv, started):
   m.round()
   assert len(m.workers) == started
   driver.begin_step(m)
+  m.round()
+  assert len(m.workers) == started
+
+
+@pytest.mark.parametrize("ceil, started", [(False, 2), (True, 3)])
+def test_the_fleet_runs_no_instance_beyond_n_prem(ceil, started):
+  # N_prem = 2.6 with six nodes available: Algorithm 1 allocates none beyond N_prem (2); the
+  # `cap_ceil` switch rounds up (3).
+  from jaxrl_sys.rollout import ManualClock, MemoryWeightStore  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.elastic.fleet import Fleet  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.elastic.schedules import TracePlayer  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.elastic.traces import constant_trace  # pylint: disable=import-outside-toplevel
+  from tests.rollout.fake_worker import FakeWorker  # pylint: disable=import-outside-toplevel
+  clock = ManualClock()
+  m = RolloutManager(store=MemoryWeightStore(), clock=clock)
+  m.add_tick_hook(Fleet(lambda wid: FakeWorker(wid, clock, num_slots=2),
+                        schedule=TracePlayer(constant_trace(6, 100.0))))
+  cfg = OffloadConfig(t_init=1.0, n_resv=2, cap_ceil=ceil)
+  driver = OffloadDriver(cfg, OffloadState(t_seed=1.0, n_prem_cap=2.6))
+  driver.apply_cap(m)
   m.round()
   assert len(m.workers) == started
