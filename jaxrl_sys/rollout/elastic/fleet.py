@@ -41,8 +41,9 @@ class Fleet:
     retire_after: seconds the fleet must stay above its cap before the newest workers are
       retired (a cap computed per step is noisy; starting a worker costs a start-up delay).
     serving_clock: the schedule's clock runs only while at least one fleet worker serves
-      (holds weights); it stands still while every worker is starting. For random kills
-      (`ChaosSchedule`): kill gaps are measured in serving time, so a cold start (process,
+      (holds weights and requests to generate); it stands still while every worker is
+      starting or idle. For random kills (`ChaosSchedule`): kill gaps are measured in serving
+      time, so kills land on work in progress (a migration to test), a cold start (process,
       imports, the first compile) is never the only target, and however slowly workers start
       on a loaded host, a worker serves for at least one gap between two kills: kills slow
       the run down but cannot stop it. A spot trace keeps False: it replays availability
@@ -73,8 +74,11 @@ class Fleet:
 
   def _serving(self, manager) -> bool:
     states = getattr(manager, "workers", {})
-    return any(getattr(states.get(w.worker_id), "version", -1) >= 0
-               for w in self.workers.values())
+    for w in self.workers.values():
+      ws = states.get(w.worker_id)
+      if ws is not None and ws.version >= 0 and ws.assigned:
+        return True
+    return False
 
   def _schedule_time(self, manager, now: float) -> float:
     if not self.serving_clock:

@@ -93,9 +93,10 @@ def test_chaos_kills_and_restarts_and_every_request_completes():
 
 
 def test_chaos_clock_counts_serving_time_only():
-  """`serving_clock`: no kill lands while every fleet worker is starting (no weights); once
-  one serves, kills follow the schedule's gaps in serving time, and the clock stands still
-  again while none serves. The plain clock kills a starting fleet on the same schedule."""
+  """`serving_clock`: no kill lands while every fleet worker is starting (no weights, no
+  requests); once one serves, kills follow the schedule's gaps in serving time, and the clock
+  stands still again while none holds work. The plain clock kills a starting fleet on the
+  same schedule."""
   def run(serving_clock):
     clock = ManualClock()
     m = RolloutManager(store=MemoryWeightStore(), config=ManagerConfig(), clock=clock)
@@ -108,14 +109,15 @@ def test_chaos_clock_counts_serving_time_only():
       nonlocal t
       for _ in range(n):
         for ws in m.workers.values():  # every worker (restarted ones too) serves or starts
-          ws.version = 0 if serving else -1
+          ws.version = -1 if serving is None else 0  # None: starting, False: idle
+          ws.assigned = {0: None} if serving else {}
         fleet(m, t)
         t += 0.1
         kills.append(sum(a == "preempt" for _, a, _ in fleet.log))
 
-    ticks(40, serving=False)  # 4 s: nobody serves
+    ticks(40, serving=None)   # 4 s: every worker starting
     ticks(40, serving=True)   # 4 s serving
-    ticks(40, serving=False)  # 4 s: nobody serves again
+    ticks(40, serving=False)  # 4 s: weights in, nothing to generate
     return kills
 
   kills = run(serving_clock=True)

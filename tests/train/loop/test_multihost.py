@@ -54,8 +54,10 @@ def _args(out_dir, port=None, extra=()):
     args = [a for a in args if not a.startswith("--num_processes")]
   else:
     args.append(f"--coordinator_address=127.0.0.1:{port}")
+  # The suite's shapes (tests/train/common.py): 4 new tokens, groups of 4, no warm-up steps.
   return [sys.executable, "-m", "experiments.grpo", *args, f"--out_dir={out_dir}",
-          "--progress=false", "--save_every=0",
+          "--progress=false", "--save_every=0", "--max_new_tokens=4", "--group_size=4",
+          "--micro_batch_groups=16", "--lr_warmup_steps=0",
           f"--compile_cache={os.path.join(REPO, '.jax_cache')}", *extra]
 
 

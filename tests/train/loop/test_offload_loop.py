@@ -74,5 +74,7 @@ def test_t_seed_balances_the_waits_with_slow_workers_and_shrinks_with_fast_ones(
   fast = _offload_run(10, local_delay=0.01, remote_delay=0.0, t_init=0.6)
   seeds_fast = [h["t_seed_next"] for h in fast]
   print(f"fast workers: T_seed {np.round(seeds_fast, 3)}")
-  assert np.mean(seeds_fast[-4:]) < 0.6 and np.mean(seeds_fast[-4:]) < np.mean(seeds)
+  # T_seed moves toward the side that waits: up from 0.3 s with slow remote workers, down
+  # from 0.6 s with fast ones (their levels depend on the host's load, the directions do not)
+  assert np.mean(seeds) > 0.3 and np.mean(seeds_fast[-4:]) < 0.6
   assert np.mean([h["time_step"] for h in fast[-4:]]) < step  # faster steps
