@@ -40,9 +40,9 @@ class Fleet:
     preempt: how a `remove` kills a worker (default: its `preempt()`, else `kill()`).
     retire_after: seconds the fleet must stay above its cap before the newest workers are
       retired (a cap computed per step is noisy; starting a worker costs a start-up delay).
-    serving_clock: the schedule's clock runs only while at least one fleet worker serves
-      (holds weights and requests to generate); it stands still while every worker is
-      starting or idle. For random kills (`ChaosSchedule`): kill gaps are measured in serving
+    serving_clock: the schedule's clock stands still while the fleet has workers and none of
+      them serves (holds weights and requests to generate): it runs while one serves, and
+      while no worker is alive (so that killed slots restart). For random kills (`ChaosSchedule`): kill gaps are measured in serving
       time, so kills land on work in progress (a migration to test), a cold start (process,
       imports, the first compile) is never the only target, and however slowly workers start
       on a loaded host, a worker serves for at least one gap between two kills: kills slow
@@ -87,7 +87,7 @@ class Fleet:
       return now - self._origin
     if self._last is not None and self._last[1]:
       self._served += now - self._last[0]
-    self._last = (now, self._serving(manager))
+    self._last = (now, not self.workers or self._serving(manager))
     return self._served
 
   def __call__(self, manager, now: float) -> None:

@@ -124,4 +124,19 @@ def test_chaos_clock_counts_serving_time_only():
   assert kills[39] == 0, "a kill landed before any worker served"
   assert kills[79] >= 2  # 4 s of serving time, gaps of 0.5-1.5 s
   assert kills[119] - kills[80] <= 1  # the pause: at most the kill due at its first tick
+
+  # Every worker killed: the clock runs while none is alive, so the slots restart.
+  clock = ManualClock()
+  m = RolloutManager(store=MemoryWeightStore(), config=ManagerConfig(), clock=clock)
+  fleet = Fleet(lambda wid: FakeWorker(wid, clock, num_slots=2), serving_clock=True,
+                schedule=ChaosSchedule(kill_every=1.0, seed=5, restart_after=0.5, slots=1))
+  for i in range(30):
+    for ws in m.workers.values():
+      ws.version, ws.assigned = 0, {0: None}
+    fleet(m, i * 0.1)
+    for w in list(fleet.workers.values()):  # the manager notices a kill at once
+      if w.worker_id in m.workers and getattr(w, "killed", False):
+        m.workers.pop(w.worker_id)
+  starts = [w for _, a, w in fleet.log if a == "start"]
+  assert len(starts) >= 2, fleet.log
   assert run(serving_clock=False)[39] >= 2, "the plain clock kills starting workers"
