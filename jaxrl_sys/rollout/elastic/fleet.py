@@ -42,8 +42,8 @@ class Fleet:
       retired (a cap computed per step is noisy; starting a worker costs a start-up delay).
     serving_clock: the schedule's clock stands still while the fleet has workers and none of
       them serves (holds weights and requests to generate): it runs while one serves, and
-      while no worker is alive (so that killed slots restart). For random kills (`ChaosSchedule`): kill gaps are measured in serving
-      time, so kills land on work in progress (a migration to test), a cold start (process,
+      while no worker is alive (so that killed slots restart). For random kills
+      (`ChaosSchedule`): kill gaps are measured in serving time, so kills land on work in progress (a migration to test), a cold start (process,
       imports, the first compile) is never the only target, and however slowly workers start
       on a loaded host, a worker serves for at least one gap between two kills: kills slow
       the run down but cannot stop it. A spot trace keeps False: it replays availability
