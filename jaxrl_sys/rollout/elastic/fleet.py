@@ -43,11 +43,11 @@ class Fleet:
     serving_clock: the schedule's clock stands still while the fleet has workers and none of
       them serves (holds weights and requests to generate): it runs while one serves, and
       while no worker is alive (so that killed slots restart). For random kills
-      (`ChaosSchedule`): kill gaps are measured in serving time, so kills land on work in progress (a migration to test), a cold start (process,
-      imports, the first compile) is never the only target, and however slowly workers start
-      on a loaded host, a worker serves for at least one gap between two kills: kills slow
-      the run down but cannot stop it. A spot trace keeps False: it replays availability
-      in real time from the first tick.
+      (`ChaosSchedule`): kill gaps are measured in serving time, so kills land on work in
+      progress (a migration to test), a cold start (process, imports, the first compile) is
+      never the only target, and however slowly workers start on a loaded host, a worker
+      serves for at least one gap between two kills: kills slow the run down but cannot stop
+      it. A spot trace keeps False: it replays availability in real time from the first tick.
   """
 
   def __init__(self, factory: Callable[[str], Worker], *, schedule=None, size: int = 0,
