@@ -86,7 +86,8 @@ def _rows(out_dir):
   return [rows[k] for k in sorted(rows)]
 
 
-@pytest.fixture(scope="module")
+# Session scope: one set of runs even if xdist ends the module between its tests.
+@pytest.fixture(scope="session")
 def runs(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("multihost")
   logs = str(tmp)
