@@ -524,14 +524,9 @@ json.dump(cfg, open(p, "w"))
 
     def act(p):
       if _wait(lambda: os.path.exists(f"{ws}/v3/manifest.json"), p, timeout=400):
-        files = [os.path.join(ws, "v3", n) for n in os.listdir(f"{ws}/v3")]
-        name = max(files, key=os.path.getsize)
-        with open(name, "r+b") as f:
-          f.seek(os.path.getsize(name) // 2)
-          data = f.read(16)
-          f.seek(os.path.getsize(name) // 2)
-          f.write(bytes(b ^ 0xFF for b in data))
-        flipped.append(os.path.basename(name))
+        # pylint: disable-next=import-outside-toplevel
+        from tests.rollout.manager.test_deadlines import flip_largest_file
+        flipped.append(os.path.basename(flip_largest_file(f"{ws}/v3")))
     r = cli(["--rollout=ray", "--num_workers=2", "--steps=6", f"--weight_store=tensorstore:{ws}",
              f"--out_dir={out}"], timeout=500, signals=act)
     lines = [x for x in r.err.splitlines() if x.startswith("error:")]

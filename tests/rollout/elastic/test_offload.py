@@ -134,11 +134,8 @@ def test_n_prem_starts_at_n_resv_and_the_switch_restores_no_cap():
   assert a.n_prem_cap == b.n_prem_cap == pytest.approx((6 * 2 + 4 * 3) / 10)
 
 
-@pytest.mark.parametrize("at_resv, started", [(True, 2), (False, 6)])
-def test_instances_beyond_the_initial_cap_are_not_started(at_resv, started):
-  # Six spot nodes are available from t = 0; the controller (N_resv = 2) caps the fleet before
-  # the fleet's first tick, so step 0 runs N_resv of them (Algorithm 1); the switch off starts
-  # all six.
+def _manager_with_six_spot_nodes():
+  """A manager on a manual clock whose fleet sees six spot nodes from t = 0."""
   from jaxrl_sys.rollout import ManualClock, MemoryWeightStore  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.rollout.elastic.fleet import Fleet  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.rollout.elastic.schedules import TracePlayer  # pylint: disable=import-outside-toplevel
@@ -148,6 +145,15 @@ def test_instances_beyond_the_initial_cap_are_not_started(at_resv, started):
   m = RolloutManager(store=MemoryWeightStore(), clock=clock)
   m.add_tick_hook(Fleet(lambda wid: FakeWorker(wid, clock, num_slots=2),
                         schedule=TracePlayer(constant_trace(6, 100.0))))
+  return m
+
+
+@pytest.mark.parametrize("at_resv, started", [(True, 2), (False, 6)])
+def test_instances_beyond_the_initial_cap_are_not_started(at_resv, started):
+  # Six spot nodes are available from t = 0; the controller (N_resv = 2) caps the fleet before
+  # the fleet's first tick, so step 0 runs N_resv of them (Algorithm 1); the switch off starts
+  # all six.
+  m = _manager_with_six_spot_nodes()
   driver = OffloadDriver(OffloadConfig(t_init=1.0, n_resv=2, cap_starts_at_resv=at_resv))
   driver.apply_cap(m)
   m.round()
@@ -161,15 +167,7 @@ def test_instances_beyond_the_initial_cap_are_not_started(at_resv, started):
 def test_the_fleet_runs_no_instance_beyond_n_prem(ceil, started):
   # N_prem = 2.6 with six nodes available: Algorithm 1 allocates none beyond N_prem (2); the
   # `cap_ceil` switch rounds up (3).
-  from jaxrl_sys.rollout import ManualClock, MemoryWeightStore  # pylint: disable=import-outside-toplevel
-  from jaxrl_sys.rollout.elastic.fleet import Fleet  # pylint: disable=import-outside-toplevel
-  from jaxrl_sys.rollout.elastic.schedules import TracePlayer  # pylint: disable=import-outside-toplevel
-  from jaxrl_sys.rollout.elastic.traces import constant_trace  # pylint: disable=import-outside-toplevel
-  from tests.rollout.fake_worker import FakeWorker  # pylint: disable=import-outside-toplevel
-  clock = ManualClock()
-  m = RolloutManager(store=MemoryWeightStore(), clock=clock)
-  m.add_tick_hook(Fleet(lambda wid: FakeWorker(wid, clock, num_slots=2),
-                        schedule=TracePlayer(constant_trace(6, 100.0))))
+  m = _manager_with_six_spot_nodes()
   cfg = OffloadConfig(t_init=1.0, n_resv=2, cap_ceil=ceil)
   driver = OffloadDriver(cfg, OffloadState(t_seed=1.0, n_prem_cap=2.6))
   driver.apply_cap(m)
