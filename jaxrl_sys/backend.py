@@ -153,13 +153,22 @@ def mesh_on_cpu(size: int, accelerators: int, cpus: int, *, backend: str | None 
   return platform(backend) != "cpu" and size > accelerators and cpus >= size
 
 
+def cpu_devices() -> list:
+  """The CPU devices, or [] where the CPU backend is not loaded (`JAX_PLATFORMS=cuda`)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  try:
+    return list(jax.devices("cpu"))
+  except RuntimeError:
+    return []
+
+
 def mesh_devices(size: int) -> list:
   """The devices a mesh of `size` is built on: the default backend's, or the CPU devices
   (faked by `--xla_force_host_platform_device_count`) when `mesh_on_cpu`."""
   import jax  # pylint: disable=import-outside-toplevel
   devices = jax.devices()
   if platform() != "cpu" and size > len(devices):
-    cpus = jax.devices("cpu")
+    cpus = cpu_devices()
     if mesh_on_cpu(size, len(devices), len(cpus)):
       return list(cpus)
   return list(devices)

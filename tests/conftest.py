@@ -11,9 +11,10 @@ import os
 import pathlib
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-  os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if (os.environ["JAX_PLATFORMS"] == "cpu"
+    and "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]):
+  os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import jax  # noqa: E402

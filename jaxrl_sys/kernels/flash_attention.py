@@ -63,10 +63,27 @@ def attention_dpa(q, k, v, *, segment_ids=None, causal=True, scale=None, impleme
   the Pallas flash kernel on GPU (cuDNN would need a `[batch, 1, seq, seq]` bias and its
   gradient) and a visibility mask elsewhere. The choice is a `lax.cond` on the whole batch.
   Queries with no visible key (segment 0) output 0. `implementation`: "cudnn", "xla" or None
-  (jax's choice); default "cudnn" on GPU, "xla" elsewhere.
+  (jax's choice); default "cudnn" on GPU, "xla" elsewhere. cuDNN takes bfloat16/float16 with
+  a head size that is a multiple of 8 (ValueError otherwise), and masked training needs an
+  even sequence length: an odd one is padded by one masked position here.
   """
   if implementation is None:
     implementation = "cudnn" if backend.platform() == "gpu" else "xla"
+  if implementation == "cudnn" and backend.platform() == "gpu":
+    if not backend.cudnn_attention_ok(q.dtype, q.shape[-1]):
+      raise ValueError(
+          f"cuDNN attention takes bfloat16/float16 with a head size that is a multiple of 8 "
+          f"(at most {backend.CUDNN_MAX_HEAD_DIM}); got {q.dtype} with head size "
+          f"{q.shape[-1]}. Use compute_dtype='bfloat16', or attention_impl 'auto' (which "
+          "picks Pallas for these inputs) or 'xla'")
+    if q.shape[1] % 2:
+      seq = q.shape[1]
+      ids = (jnp.ones(q.shape[:2], jnp.int32) if segment_ids is None
+             else segment_ids.astype(jnp.int32))
+      pad = lambda x: jnp.pad(x, [(0, 0), (0, 1)] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
+      out = attention_dpa(pad(q), pad(k), pad(v), segment_ids=pad(ids), causal=causal,
+                          scale=scale, implementation=implementation)
+      return out[:, :seq]
   if segment_ids is None:
     return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal,
                                         implementation=implementation)

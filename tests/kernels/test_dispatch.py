@@ -5,8 +5,8 @@ import pytest
 from jaxrl_sys.kernels import dispatch
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU's choices")
 def test_resolve_impl_on_cpu():
-  assert jax.default_backend() == "cpu"
   assert dispatch.resolve_impl("auto") == "xla"
   assert dispatch.resolve_impl("pallas") == "pallas"
   assert dispatch.resolve_impl("xla") == "xla"

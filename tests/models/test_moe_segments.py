@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxrl_sys import models
 from jaxrl_sys.models import moe, moe_experts, moe_segments
 from jaxrl_sys.sharding import make_mesh
-from tests.precision_helpers import needs_devices
+from tests.precision_helpers import needs_devices, per_backend
 from tests.models.test_moe_blocked import (_experts, _routing, assert_matches_dense,
                                            assert_model_matches_dense)
 
@@ -43,8 +43,9 @@ def test_block_rows_is_half_the_balanced_load():
 
 
 def test_auto_picks_slots_for_decode_and_segments_for_training_sizes():
-  assert moe.resolve_implementation("auto", 64, 8) == "slots"          # 512 rows: decode
-  assert moe.resolve_implementation("auto", 2560, 8) == "segments"     # a training micro-batch
+  # CPU: slots for 512 rows (decode), segments for a training micro-batch; GPU: ragged
+  assert moe.resolve_implementation("auto", 64, 8) == per_backend(cpu="slots", gpu="ragged")
+  assert moe.resolve_implementation("auto", 2560, 8) == per_backend(cpu="segments", gpu="ragged")
   assert moe.resolve_implementation("ragged", 2560, 8) == "ragged"
 
 
@@ -55,7 +56,8 @@ def test_auto_model_at_training_size_matches_dense():
                            moe=models.MoEConfig(num_experts=8, num_experts_per_tok=2,
                                                 expert_intermediate_size=8))
   toks = jax.random.randint(jax.random.PRNGKey(1), (4, 150), 1, 48)     # 600 x 8 rows > 4096
-  assert moe.resolve_implementation("auto", toks.size, 8) == "segments"
+  assert moe.resolve_implementation("auto", toks.size, 8) == per_backend(cpu="segments",
+                                                                           gpu="ragged")
   mask = jnp.ones(toks.shape, jnp.int32).at[1, 140:].set(0)           # some right padding
   assert_model_matches_dense(cfg, toks, mask)
 

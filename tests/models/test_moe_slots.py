@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from jaxrl_sys.models import moe, moe_slots
 from tests.models.test_moe_blocked import _experts, _routing, assert_matches_dense
+from tests.precision_helpers import per_backend
 
 
 def _load(experts, active, e):
@@ -55,7 +56,7 @@ def test_slot_capacity_is_a_multiple_of_8_above_the_balanced_load():
   assert moe_slots.slot_capacity(5120, 8) == 960          # 1.5 x 640
   assert moe_slots.slot_capacity(128, 8) == 24
   assert moe_slots.slot_capacity(4, 8) == 8
-  assert moe.resolve_implementation("auto", 64, 8) == "slots"    # the tests run on CPU
+  assert moe.resolve_implementation("auto", 64, 8) == per_backend(cpu="slots", gpu="ragged")
 
 
 def test_decode_tiers_run_from_the_capacity_to_three_quarters_of_the_tokens():

@@ -158,7 +158,7 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   spec = parse_mesh(rc.distributed.mesh)
   precision = rc.precision.resolve()  # "auto" -> this backend's dtypes, recorded as resolved
   rc = dataclasses.replace(rc, precision=precision)
-  limits.check_fake_devices(spec.size, max(len(jax.devices()), len(jax.devices("cpu"))),
+  limits.check_fake_devices(spec.size, max(len(jax.devices()), len(backend.cpu_devices())),
                             backend.platform())
   for path in (rc.output.out_dir, rc.checkpoint.directory, rc.output.export_hf):
     if path:

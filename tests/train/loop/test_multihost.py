@@ -24,7 +24,9 @@ import pytest
 
 from tests.docs.commands import REPO, module_args
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    os.environ.get("JAX_PLATFORMS", "cpu") != "cpu",
+    reason="runs its processes on fake CPU devices: the CPU suite covers it")]
 
 # The docs' two-process command (docs/multihost.md), without the per-process flags.
 DOC_COMMAND = ("python -m experiments.grpo --mesh=2x4 --steps=3 --prompts_per_step=4 "

@@ -1,5 +1,6 @@
 """The embedded rollout's engines: how many, and that splitting them changes no sample."""
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -8,12 +9,15 @@ from jaxrl_sys.rollout import InProcessWorker, ThreadWorker
 from jaxrl_sys.train import recipe as recipe_lib
 from jaxrl_sys.train.loop.config import LoopConfig
 from jaxrl_sys.train.loop.local_client import default_client, local_worker_count
+from tests.precision_helpers import per_backend
 from tests.train.common import quick
 
 
 def test_local_worker_count_auto_and_explicit():
   auto = LoopConfig()
-  assert local_worker_count(auto, 64) == 2          # CPU, 2 cores: two engines of 32 slots
+  # a CPU host of 2+ cores: two engines of 32 slots; an accelerator: one engine
+  assert local_worker_count(auto, 64) == per_backend(cpu=2 if (os.cpu_count() or 1) >= 2 else 1,
+                                                     gpu=1)
   assert local_worker_count(auto, 63) == 1          # fewer than 32 slots each: one engine
   assert local_worker_count(LoopConfig(local_workers=3), 64) == 3
   assert local_worker_count(LoopConfig(local_workers=8), 4) == 4   # at most one per slot
