@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from jaxrl_sys.train import recipe as recipe_lib
+from tests.experiments.cli_runner import run_grpo
 from tests.train.common import quick
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -130,6 +131,6 @@ def test_mesh_8x4_on_32_fake_devices(tmp_path):
     ("--behav_weight_cap=0", "--behav_weight_cap=0.0 must be > 0"),
 ])
 def test_cli_rejects_bad_input(tmp_path, flag, message):
-  rc, _, err = _run([flag, "--steps=1", f"--out_dir={tmp_path}"])
+  rc, err = run_grpo([*BASE, flag, "--steps=1", f"--out_dir={tmp_path}"])
   assert rc != 0
   assert message in err, err

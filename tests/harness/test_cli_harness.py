@@ -1,5 +1,6 @@
-"""`python -m experiments.grpo` as a user runs it: own data and reward, config files, run
-directories, divergence, bad input (subprocesses, tiny model, the shared test shapes)."""
+"""`python -m experiments.grpo` as a user runs it: own data and reward (a subprocess), config
+files, run directories, divergence, bad input (the command's `main` in this process:
+`tests/experiments/cli_runner.py`); tiny model, the shared test shapes."""
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from jaxrl_sys.train.recipe import config_file
+from tests.experiments.cli_runner import run_grpo
 from tests.experiments.test_grpo_cli import BASE, REPO, _env, _params
 
 SHAPES = [a for a in BASE if not a.startswith(("--sft_steps", "--progress"))]
@@ -73,19 +75,18 @@ def test_config_file_round_trip(tmp_path):
          "prompts_per_step": 4, "micro_batch_groups": 16, "max_new_tokens": 4,
          "lr_warmup_steps": 0, "kl_coef": None}
   (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-  compile_cache = [a for a in BASE if a.startswith("--compile_cache")]
-  rc, err = _cli(compile_cache + [f"--config={tmp_path / 'c.yaml'}",
-                                  f"--out_dir={tmp_path / 'a'}"])
+  rc, err = run_grpo(["--progress=false", f"--config={tmp_path / 'c.yaml'}",
+                      f"--out_dir={tmp_path / 'a'}"])
   assert rc == 0, err
   written = config_file.short_names(json.load(open(tmp_path / "a" / "config.json")))
   assert {k: written[k] for k in cfg} == cfg
   assert "out_dir" not in written and "checkpoint_dir" not in written
   # the command line wins over the file (which says steps: 2)
-  rc, err = _cli(compile_cache + [f"--config={tmp_path / 'a' / 'config.json'}", "--steps=0",
-                                  f"--out_dir={tmp_path / 'c'}"])
+  rc, err = run_grpo([f"--config={tmp_path / 'a' / 'config.json'}", "--steps=0",
+                      f"--out_dir={tmp_path / 'c'}"])
   assert rc == 2 and "--steps=0: nothing to train" in err, err
-  rc, err = _cli(compile_cache + [f"--config={tmp_path / 'a' / 'config.json'}",
-                                  f"--out_dir={tmp_path / 'b'}"])
+  rc, err = run_grpo(["--progress=false", f"--config={tmp_path / 'a' / 'config.json'}",
+                      f"--out_dir={tmp_path / 'b'}"])
   assert rc == 0, err
   a, b = _params(tmp_path / "a"), _params(tmp_path / "b")
   for k in a:
@@ -94,19 +95,20 @@ def test_config_file_round_trip(tmp_path):
 
 def test_reused_out_dir_is_refused_then_overwritten(tmp_path):
   out = tmp_path / "run"
-  args = SHAPES + ["--steps=1", "--sft_steps=0", f"--out_dir={out}"]
-  assert _cli(args)[0] == 0
-  rc, err = _cli(args)
+  args = ["--progress=false", *SHAPES, "--steps=1", "--sft_steps=0", f"--out_dir={out}"]
+  assert run_grpo(args)[0] == 0
+  rc, err = run_grpo(args)
   assert rc == 2 and "already holds a run" in err and "--overwrite" in err, err
-  rc, err = _cli(args + ["--overwrite", "--steps=2"])
+  rc, err = run_grpo(args + ["--overwrite", "--steps=2"])
   assert rc == 0, err
   steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl")]
   assert steps == [1, 2]  # the first run's rows are gone, not mixed in
 
 
 def test_divergence_exits_nonzero_and_never_done(tmp_path):
-  rc, err = _cli(SHAPES + ["--steps=30", "--learning_rate=1e6", "--prompts_per_step=64",
-                           "--lr_warmup_steps=5", f"--out_dir={tmp_path / 'run'}"])
+  rc, err = run_grpo(["--progress=false", *SHAPES, "--steps=30", "--learning_rate=1e6",
+                      "--prompts_per_step=64", "--lr_warmup_steps=5",
+                      f"--out_dir={tmp_path / 'run'}"])
   assert rc == 3, err
   assert "error: training diverged at step" in err and "done" not in err, err
 
@@ -128,7 +130,7 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
   args = [a.format(file=f, empty=tmp_path / "empty") for a in args]
   if not args[0].startswith(("--out_dir", "--resume")):  # never write into the repository
     args.append(f"--out_dir={tmp_path / 'o'}")
-  rc, err = _cli(args)
+  rc, err = run_grpo(args)
   assert rc == 2, err
   assert message in err and "Traceback" not in err, err
 

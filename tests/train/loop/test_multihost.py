@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from tests.docs.commands import REPO, module_args
+from tests.experiments.cli_runner import run_grpo
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     os.environ.get("JAX_PLATFORMS", "cpu") != "cpu",
@@ -94,17 +95,18 @@ def runs(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("multihost")
   logs = str(tmp)
   t0 = time.monotonic()
-  single = subprocess.Popen(_args(tmp / "single"), cwd=REPO, env=_env(8),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  # The one-process reference: the same command in this process (its 8 fake devices), before
+  # the two-process job starts, so that no three JAX processes share the cores at once.
+  code, err = run_grpo(_args(tmp / "single")[3:])
+  out = {"single": ([code], [err])}
   stopped = _start(str(tmp / "stopped"), log_dir=logs)
   metrics = tmp / "stopped" / "metrics.jsonl"
   while not (metrics.exists() and metrics.read_text().strip()):
     assert all(p.poll() is None for p in stopped), "stopped run ended before step 1"
     time.sleep(0.2)
   stopped[1].send_signal(signal.SIGTERM)
-  out = {"stopped": _wait(stopped, logs, "stopped")}
+  out["stopped"] = _wait(stopped, logs, "stopped")
   resumed = _start(str(tmp / "stopped"), extra=["--resume"], log_dir=logs)
-  out["single"] = ([single.wait(timeout=420)], [single.stdout.read()])
   out["resumed"] = _wait(resumed, logs, "stopped")
   out["dirs"] = tmp
   out["seconds"] = time.monotonic() - t0
