@@ -77,7 +77,9 @@ def test_sigterm_then_resume_is_bit_exact(tmp_path):
   assert "preempted" in err, err
   saved = _committed_steps(ck)
   assert saved and saved[-1] < 16
-  rc, _, err = _run(steps + [f"--out_dir={tmp_path / 'b'}", f"--checkpoint_dir={ck}", "--resume"])
+  # The resume: the command's main in this process (the same flags; saves an interpreter).
+  rc, err = run_grpo([*BASE, *steps, f"--out_dir={tmp_path / 'b'}", f"--checkpoint_dir={ck}",
+                      "--resume"])
   assert rc == 0, err
   assert f"resumed from step {saved[-1]}" in err, err
   ref, got = _params(tmp_path / "ref"), _params(tmp_path / "b")
@@ -107,7 +109,7 @@ def test_sigkill_resumes_from_last_checkpoint_without_losing_the_buffer(tmp_path
   assert last < 40
   buffered = _buffer_groups(ck, last)
   assert buffered, "async mode with eta=1 keeps groups in flight at a step boundary"
-  rc, _, err = _run(args[:1] + ["--steps=%d" % (last + 4)] + args[1:] + ["--resume"])
+  rc, err = run_grpo([*BASE, *args[:1], "--steps=%d" % (last + 4), *args[1:], "--resume"])
   assert rc == 0, err
   assert f"resumed from step {last}" in err, err
   assert "reclaimed a stale lock" in err and f"pid {p.pid}" in err, err  # the killed run's
