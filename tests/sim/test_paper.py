@@ -33,6 +33,31 @@ def test_the_fit_changes_only_what_it_says():
   assert q.per_seq_s == pytest.approx(2 * QWEN3_14B.decode.per_seq_s)
   with pytest.raises(ValueError, match="step_extra_s"):
     InstanceFit(step_extra_s=-1.0)
+  # no resident trainer state: the local engines hold what an instance holds
+  assert p.local_kv_tokens is None and p.local() is p
+
+
+def test_local_engines_lose_the_trainers_resident_shards_and_micro_batches_are_two_groups():
+  from jaxrl_sys.sim.driver import Workload  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.sim.presets import QWEN3_14B, QWEN3_32B  # pylint: disable=import-outside-toplevel
+  # Independent arithmetic: one 8xH100 node keeps 14.768e9 fp32 parameters sharded over its 8
+  # GPUs (4 bytes each), a TP-2 local engine spans 2 of them: 14.77 GB less KV than a spot
+  # instance, at 163,840 bytes per token.
+  p = FITTED.apply(QWEN3_14B)
+  inst = int((2 * 80e9 * 0.6 - QWEN3_14B.weight_bytes) // 163840)
+  assert p.decode.kv_capacity_tokens == inst
+  lost = 4 * QWEN3_14B.params_b * 1e9 / 8 * 2 / 163840
+  assert p.local_kv_tokens == pytest.approx(inst - lost, abs=1)
+  assert p.local().decode.kv_capacity_tokens == p.local_kv_tokens
+  assert p.local().decode.fixed_s == p.decode.fixed_s  # only the KV pool differs
+  # 32B trains on two nodes (16 GPUs): half the per-GPU share, but a far smaller pool to begin
+  q = FITTED.apply(QWEN3_32B)
+  assert q.local_kv_tokens == pytest.approx(
+      q.decode.kv_capacity_tokens - 4 * QWEN3_32B.params_b * 1e9 / 16 * 2 / 262144, abs=1)
+  with pytest.raises(ValueError, match="leaves no KV"):
+    InstanceFit(mem_fraction=0.45, trainer_resident_bytes_per_param=16.0).apply(QWEN3_32B)
+  # the release's min_stream_batch_size=16 responses over n=8 responses per prompt
+  assert Workload().micro_batch_groups == 16 // 8
 
 
 def test_the_static_pool_is_modelled_as_the_paper_ran_it():
@@ -50,14 +75,15 @@ _OPT_IN = pytest.mark.skipif(os.environ.get("JAXRL_SIM_PAPER") != "1",
                              reason="RLBoost's end-to-end points take minutes: JAXRL_SIM_PAPER=1")
 
 
-# Tolerance per fitted figure: the 10% where the fit meets it; the six-instance point
-# is missed (ours 1.81x vs 2.25x, -20%: sim/README.md says why) and held at 25% so that a
-# regression still fails.
+# Tolerance per fitted figure: the 10%, met by every point since the release's
+# micro-batch (2 groups), the trainer's resident shards and the refit (sim/README.md). The
+# six-instance throughput has 0.3% to spare (2.028x vs the 2.022x edge): a model change that
+# costs it shows here.
 CALIBRATION_WITHIN = {
     "static 1 inst x": 0.10, "static 1 inst ce": 0.10,
-    "static 6 inst x": 0.25, "static 6 inst ce": 0.25,
+    "static 6 inst x": 0.10, "static 6 inst ce": 0.10,
     "cap 5K x (3 inst)": 0.10, "cap 5K ce (3 inst)": 0.10,
-    "cap 14K x (6 inst)": 0.25, "cap 14K ce (6 inst)": 0.25,
+    "cap 14K x (6 inst)": 0.10, "cap 14K ce (6 inst)": 0.10,
 }
 
 
