@@ -65,13 +65,16 @@ class Workload:
     group_size: G, responses per prompt.
     prompt_tokens: prompt length (tokens); OpenR1-Math problems are short (release: max 512).
     lengths: response-length distribution (its `max_tokens` is the budget).
-    micro_batch_groups: m_b, groups per dynamic micro-batch (release: min_stream_batch_size 16).
+    micro_batch_groups: m_b, groups per dynamic micro-batch. The release sets
+      `min_stream_batch_size=16` responses and divides it by n = 8 (`min_stream_prompts`,
+      `sglang_rollout_remote.py`): 2 groups (this was 16 groups, 128 responses, until the fit
+      of issue 29 read the code).
   """
   prompts_per_step: int = 128
   group_size: int = 8
   prompt_tokens: int = 256
   lengths: LengthDistribution = SIM_LENGTHS
-  micro_batch_groups: int = 16
+  micro_batch_groups: int = 2
 
 
 # The manager as the simulator runs it: ManagerConfig's defaults except where the virtual clock

@@ -10,10 +10,15 @@ fit is then applied, unchanged, to 8B and 32B and to the Bamboo trace (held out)
 
 Fitted (F) and taken-from-measurement (M) figures; sources in `sim/README.md`:
 - step_extra_s (F): host-side seconds per decode step (scheduler, sampling with log-probs,
-  streaming) added to the roofline's fixed term; fitted 30 ms;
+  streaming) added to the roofline's fixed term; fitted 27.5 ms;
 - ctx_scale (F): attention over the KV relative to the roofline (fitted 2: KV reads at 30% of
   HBM bandwidth); decode_scale (F, left at 1): the weight-read and per-sequence terms;
 - mem_fraction, max_running (M): RLBoost's release (SGLang at 0.6 of HBM, 256 sequences);
+- trainer_resident_bytes_per_param (M): what the trainer keeps on its GPUs while its engines
+  generate - the release runs FSDP with `param_offload=False`, `optimizer_offload=True`, so the
+  fp32 parameter shards (4 bytes per parameter over the node's GPUs) stay; SGLang sizes its
+  KV pool from the memory free when it starts (`mem_fraction_static` of the total minus what
+  is already taken), so a local engine's KV is smaller by its GPUs' share of those shards;
 - prefill_scale (F): prefill time relative to the roofline preset (the hand-off's re-prefill);
 - length median / sigma / group_share (F): the response lengths of OpenR1-Math prompts under
   the 14K cap and their within-group correlation (RLBoost does not publish them);
@@ -43,6 +48,9 @@ class InstanceFit:
     mem_fraction: share of an instance's HBM for weights + KV cache (None: the preset's);
       RLBoost's release runs SGLang at 0.6, local and remote (M).
     max_running: most sequences an engine decodes at once (release: max_num_seqs 256) (M).
+    trainer_resident_bytes_per_param: bytes per parameter the trainer keeps resident on the
+      reserved GPUs during rollout (sharded over all of them), taken out of a local engine's KV
+      cache (M: fp32 FSDP shards, 4; 0 = local engines hold as much KV as an instance).
     step_extra_s: seconds added to every decode step whatever the batch (F): the engine's
       host-side work per step (scheduling, sampling with log-probs, streaming) that the
       roofline's 1 ms leaves out; it sets how slowly the last responses of a step decode.
@@ -57,8 +65,12 @@ class InstanceFit:
   mem_fraction: float | None = None
   max_running: int = 1024
   step_extra_s: float = 0.0
+  trainer_resident_bytes_per_param: float = 0.0
 
   def __post_init__(self):
+    if self.trainer_resident_bytes_per_param < 0:
+      raise ValueError(f"InstanceFit: trainer_resident_bytes_per_param must be >= 0, got "
+                       f"{self.trainer_resident_bytes_per_param}")
     if not (self.decode_scale > 0 and self.ctx_scale > 0 and self.prefill_scale > 0
             and self.max_running >= 1 and self.step_extra_s >= 0
             and (self.mem_fraction is None or 0 < self.mem_fraction <= 1)):
@@ -76,7 +88,8 @@ class InstanceFit:
     return dataclasses.replace(base, max_running=self.max_running)
 
   def apply(self, preset: ModelPreset) -> ModelPreset:
-    """`preset` with the fitted decode and prefill costs (training figures unchanged)."""
+    """`preset` with the fitted decode and prefill costs and its local engines' KV (training
+    figures unchanged)."""
     d, s = preset.decode, self.decode_scale
     kv = d.kv_capacity_tokens
     if self.mem_fraction is not None:
@@ -85,12 +98,21 @@ class InstanceFit:
       if kv <= 0:
         raise ValueError(f"InstanceFit: {preset.name}'s weights do not fit "
                          f"{self.mem_fraction:g} of the instance's memory")
+    local_kv = None
+    if self.trainer_resident_bytes_per_param:
+      gpus = preset.train_nodes * preset.gpus_per_node
+      resident = (self.trainer_resident_bytes_per_param * preset.params_b * 1e9 / gpus
+                  * preset.gpus_per_instance)
+      local_kv = int(kv - resident // preset.kv_bytes_per_token)
+      if local_kv <= 0:
+        raise ValueError(f"InstanceFit: {preset.name}'s resident trainer state "
+                         f"({resident / 1e9:.1f} GB per local engine) leaves no KV cache")
     decode = dataclasses.replace(d, fixed_s=d.fixed_s * s + self.step_extra_s,
                                  per_seq_s=d.per_seq_s * s,
                                  per_ctx_token_s=d.per_ctx_token_s * self.ctx_scale,
                                  kv_capacity_tokens=kv)
     return dataclasses.replace(
-        preset, name=preset.name, decode=decode,
+        preset, name=preset.name, decode=decode, local_kv_tokens=local_kv,
         prefill_s_per_token=preset.prefill_s_per_token * self.prefill_scale,
         prefill_attn_s=preset.prefill_attn_s * self.prefill_scale)
 
@@ -98,7 +120,8 @@ class InstanceFit:
 # The roofline model as it was before the fit (every figure derived; R1-like lengths).
 ROOFLINE = InstanceFit()
 # Fitted to the 14B static-pool points and the length-sweep end points (sim/paper.py).
-FITTED = InstanceFit(ctx_scale=2.0, step_extra_s=0.03, mem_fraction=0.6, max_running=256)
+FITTED = InstanceFit(ctx_scale=2.0, step_extra_s=0.0275, group_share=0.2, mem_fraction=0.6,
+                     max_running=256, trainer_resident_bytes_per_param=4.0)
 
 
 def fitted_presets(fit: InstanceFit = FITTED) -> dict[str, ModelPreset]:

@@ -72,6 +72,9 @@ class ModelPreset:
       node between training and rollout.
     gpus_per_instance: GPUs per rollout instance (its TP degree).
     gpus_per_node: GPUs per reserved node.
+    local_kv_tokens: KV-cache tokens of a rollout engine on the reserved (training) nodes, when
+      it differs from a spot instance's `decode.kv_capacity_tokens` (None: the same); e.g. the
+      trainer's resident FSDP shards leave the co-located engine less memory.
   """
   name: str
   params_b: float
@@ -89,12 +92,24 @@ class ModelPreset:
   step_overhead_s: float
   gpus_per_instance: int = 2
   gpus_per_node: int = 8
+  local_kv_tokens: int | None = None
 
   def __post_init__(self):
+    if self.local_kv_tokens is not None and self.local_kv_tokens < 1:
+      raise ValueError(f"ModelPreset {self.name}: local_kv_tokens must be >= 1 or None (the "
+                       f"trainer's resident state leaves no KV memory?), got "
+                       f"{self.local_kv_tokens}")
     if not (self.weight_bytes > 0 and self.prefill_s_per_token > 0 and self.train_s_per_token > 0
             and self.train_nodes >= 1 and self.step_overhead_s >= 0 and self.prefill_attn_s >= 0
             and self.train_attn_s >= 0 and self.prefill_call_s >= 0):
       raise ValueError(f"ModelPreset {self.name}: sizes and costs must be positive, got {self}")
+
+  def local(self) -> "ModelPreset":
+    """The preset a rollout engine on the reserved nodes runs (its own KV capacity)."""
+    if self.local_kv_tokens is None:
+      return self
+    return dataclasses.replace(self, decode=dataclasses.replace(
+        self.decode, kv_capacity_tokens=self.local_kv_tokens), local_kv_tokens=None)
 
   def plateau_batch(self, mean_context: float = 0.0, frac: float = 0.9) -> int:
     """B of one rollout instance at this mean context (see `decode.plateau_batch`)."""

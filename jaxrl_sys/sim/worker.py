@@ -58,7 +58,8 @@ class SimWorker:
     self.model = cluster.engine_model
     self.created = self.clock.now()
     self.ready_at = max(ready_at, self.created)
-    self.engine = SimEngine(cluster.preset, self.model, self.ready_at)
+    preset = cluster.preset.local() if local else cluster.preset
+    self.engine = SimEngine(preset, self.model, self.ready_at)
     self.version = self.loading = -1
     self.pull_started = 0.0
     self.deferred: int | None = None   # a version to pull once started up
