@@ -18,9 +18,23 @@ import pathlib
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _jaxlib_version() -> str:
+  from importlib import metadata  # pylint: disable=import-outside-toplevel
+  try:
+    return metadata.version("jaxlib")
+  except metadata.PackageNotFoundError:
+    return ""
+
+
 if os.environ["JAX_PLATFORMS"] == "cpu":
-  for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_multi_thread_eigen=false",
-                "--xla_cpu_use_fusion_emitters=false"):
+  _FLAGS = ["--xla_backend_optimization_level=0", "--xla_cpu_multi_thread_eigen=false"]
+  # XLA aborts on a flag it does not know, and the legacy emitters may leave a later XLA: this
+  # one is set only for the pinned jaxlib (0.10.x), where it was measured.
+  if _jaxlib_version().startswith("0.10."):
+    _FLAGS.append("--xla_cpu_use_fusion_emitters=false")
+  for _flag in _FLAGS:
     if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
       os.environ["XLA_FLAGS"] += " " + _flag
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
