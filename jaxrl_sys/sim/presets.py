@@ -96,8 +96,7 @@ class ModelPreset:
 
   def __post_init__(self):
     if self.local_kv_tokens is not None and self.local_kv_tokens < 1:
-      raise ValueError(f"ModelPreset {self.name}: local_kv_tokens must be >= 1 or None (the "
-                       f"trainer's resident state leaves no KV memory?), got "
+      raise ValueError(f"ModelPreset {self.name}: local_kv_tokens must be >= 1 or None, got "
                        f"{self.local_kv_tokens}")
     if not (self.weight_bytes > 0 and self.prefill_s_per_token > 0 and self.train_s_per_token > 0
             and self.train_nodes >= 1 and self.step_overhead_s >= 0 and self.prefill_attn_s >= 0

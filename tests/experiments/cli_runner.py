@@ -13,7 +13,8 @@ import signal
 
 from absl import flags
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.docs.commands import REPO
+
 CACHE = f"--compile_cache={os.path.join(REPO, '.jax_cache')}"
 
 

@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 
 from jaxrl_sys.train import recipe as recipe_lib
-from tests.experiments.cli_runner import run_grpo
+from tests.docs.commands import REPO
+from tests.experiments.cli_runner import CACHE, run_grpo
 from tests.train.common import quick
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Same shapes as tests/train (shared compile cache): tiny model, no warm-up.
 BASE = ["--prompts_per_step=4", "--group_size=4", "--micro_batch_groups=16", "--sft_steps=0",
-        "--lr_warmup_steps=0", "--max_new_tokens=4", "--progress=false",
-        f"--compile_cache={os.path.join(REPO, '.jax_cache')}"]
+        "--lr_warmup_steps=0", "--max_new_tokens=4", "--progress=false", CACHE]
 
 
 def _env(devices=8):

@@ -5,7 +5,9 @@ import pytest
 from jaxrl_sys.kernels import dispatch
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU's choices")
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason=(
+    "asserts the CPU's choices (XLA for 'auto', Pallas in interpret mode); "
+    "tests/test_backend.py checks every backend's"))
 def test_resolve_impl_on_cpu():
   assert dispatch.resolve_impl("auto") == "xla"
   assert dispatch.resolve_impl("pallas") == "pallas"
