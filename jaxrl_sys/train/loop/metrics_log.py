@@ -23,6 +23,26 @@ PEAK_FLOPS = (("h200", 989e12), ("h100", 989e12), ("a100", 312e12), ("l4", 121e1
               ("v6", 918e12), ("v5p", 459e12), ("v5", 197e12), ("v4", 275e12), ("cpu", 1e11))
 
 
+def _summary_writer_class():
+  """tensorboardX's `SummaryWriter`, imported without torch.
+
+  tensorboardX's writer module imports torch whenever it is installed (about 2 CPU-s and some
+  hundreds of MB per process, measured with torch 2.x), only to accept torch tensors, and this
+  module logs Python floats. Unless torch is already loaded, `import torch` is made to fail for
+  the duration of the import (a `None` entry in `sys.modules`), and the entry is removed after.
+  """
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    return SummaryWriter
+  sys.modules["torch"] = None  # type: ignore[assignment]
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+  finally:
+    if sys.modules.get("torch", 0) is None:
+      del sys.modules["torch"]
+  return SummaryWriter
+
+
 def peak_flops(device: jax.Device | None = None) -> float:
   """Nominal peak FLOP/s of one device (see PEAK_FLOPS)."""
   device = device or jax.devices()[0]
@@ -81,7 +101,7 @@ class MetricsLogger:
   def _writer(self):
     """The TensorBoard writer, opened on first use (after `keep_until` set the purge step)."""
     if self._tb is None and self._tb_dir is not None:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      SummaryWriter = _summary_writer_class()  # pylint: disable=invalid-name
       # The file name's own stamp is whole seconds (a resumed run started within the same
       # second would truncate the earlier file): nanoseconds after it keep names unique and in
       # start order, the order TensorBoard reads them in.

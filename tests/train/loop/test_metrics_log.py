@@ -4,10 +4,13 @@ import glob
 import json
 import os
 import struct
+import subprocess
+import sys
 
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 
 from jaxrl_sys.train.loop.metrics_log import MetricsLogger
+from tests.docs.commands import REPO
 
 
 def _records(path):
@@ -54,3 +57,21 @@ def test_resume_purges_replayed_steps_in_tensorboard_and_jsonl(tmp_path):
                                     (6, 60.0)]
   rows = [json.loads(s) for s in open(tmp_path / "metrics.jsonl")]
   assert [(r["step"], r["reward_mean"]) for r in rows] == scalars["reward_mean"]
+
+
+def test_tensorboard_writer_loads_without_importing_torch(tmp_path):
+  # A fresh interpreter (torch is installed beside the suite): logging scalars must not pull in
+  # torch, and torch must still import afterwards.
+  code = ("import sys\n"
+          "from jaxrl_sys.train.loop.metrics_log import MetricsLogger\n"
+          f"m = MetricsLogger({str(tmp_path)!r})\n"
+          "m.log(1, {'loss': 0.5})\n"
+          "m.close()\n"
+          "assert 'torch' not in sys.modules, 'tensorboardX imported torch'\n"
+          "import torch\n"
+          "print('ok', torch.__name__)\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       timeout=120, check=False)
+  assert out.returncode == 0 and "ok torch" in out.stdout, out.stderr[-2000:]
+  seen, _ = _scalars_as_tensorboard_shows(os.path.join(tmp_path, "tb"))
+  assert seen["loss"] == [(1, 0.5)]
