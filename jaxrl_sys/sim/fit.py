@@ -15,10 +15,16 @@ Fitted (F) and taken-from-measurement (M) figures; sources in `sim/README.md`:
   HBM bandwidth); decode_scale (F, left at 1): the weight-read and per-sequence terms;
 - mem_fraction, max_running (M): RLBoost's release (SGLang at 0.6 of HBM, 256 sequences);
 - trainer_resident_bytes_per_param (M): what the trainer keeps on its GPUs while its engines
-  generate - the release runs FSDP with `param_offload=False`, `optimizer_offload=True`, so the
-  fp32 parameter shards (4 bytes per parameter over the node's GPUs) stay; SGLang sizes its
-  KV pool from the memory free when it starts (`mem_fraction_static` of the total minus what
-  is already taken), so a local engine's KV is smaller by its GPUs' share of those shards;
+  generate. The release runs FSDP with `param_offload=False`, `optimizer_offload=True` for the
+  actor (fp32 parameters, 4 bytes) and leaves the reference policy (bf16, 2 bytes; on with the KL
+  loss) at verl's default `param_offload=False`; both are built before the rollout engine, and
+  SGLang sizes its KV pool from the memory free when it starts (`mem_fraction_static` of the
+  total minus what is already taken). So 6 bytes per parameter, sharded over one node's 8 GPUs
+  (`fsdp_size`: the whole node in the one-node scripts, 8 in the two-node one), come out of a
+  local engine's KV. Where that leaves no KV at all (Qwen3-32B: 24.6 GB per GPU against the
+  15.2 GB SGLang has left after its weights) the released settings cannot run the model, and
+  the trainer is taken to offload its parameters (`param_offload=True`, as verl recommends for
+  the reference above 7B and its 32B recipes set): the local engines hold an instance's KV;
 - prefill_scale (F): prefill time relative to the roofline preset (the hand-off's re-prefill);
 - length median / sigma / group_share (F): the response lengths of OpenR1-Math prompts under
   the 14K cap and their within-group correlation (RLBoost does not publish them);
@@ -49,8 +55,13 @@ class InstanceFit:
       RLBoost's release runs SGLang at 0.6, local and remote (M).
     max_running: most sequences an engine decodes at once (release: max_num_seqs 256) (M).
     trainer_resident_bytes_per_param: bytes per parameter the trainer keeps resident on the
-      reserved GPUs during rollout (sharded over all of them), taken out of a local engine's KV
-      cache (M: fp32 FSDP shards, 4; 0 = local engines hold as much KV as an instance).
+      reserved GPUs during rollout, sharded over `trainer_shard_gpus`, taken out of a local
+      engine's KV cache (M: fp32 actor + bf16 reference shards, 6; 0 = local engines hold as
+      much KV as an instance).
+    trainer_shard_gpus: GPUs the resident state is sharded over (M: the release's `fsdp_size`,
+      one node of 8, also in its two-node script).
+    offload_if_full: when the resident state leaves a local engine no KV, model parameter
+      offload (the local engines hold an instance's KV) instead of raising.
     step_extra_s: seconds added to every decode step whatever the batch (F): the engine's
       host-side work per step (scheduling, sampling with log-probs, streaming) that the
       roofline's 1 ms leaves out; it sets how slowly the last responses of a step decode.
@@ -66,11 +77,14 @@ class InstanceFit:
   max_running: int = 1024
   step_extra_s: float = 0.0
   trainer_resident_bytes_per_param: float = 0.0
+  trainer_shard_gpus: int = 8
+  offload_if_full: bool = True
 
   def __post_init__(self):
-    if self.trainer_resident_bytes_per_param < 0:
-      raise ValueError(f"InstanceFit: trainer_resident_bytes_per_param must be >= 0, got "
-                       f"{self.trainer_resident_bytes_per_param}")
+    if self.trainer_resident_bytes_per_param < 0 or self.trainer_shard_gpus < 1:
+      raise ValueError(f"InstanceFit: need trainer_resident_bytes_per_param >= 0 and "
+                       f"trainer_shard_gpus >= 1, got {self.trainer_resident_bytes_per_param}, "
+                       f"{self.trainer_shard_gpus}")
     if not (self.decode_scale > 0 and self.ctx_scale > 0 and self.prefill_scale > 0
             and self.max_running >= 1 and self.step_extra_s >= 0
             and (self.mem_fraction is None or 0 < self.mem_fraction <= 1)):
@@ -100,13 +114,15 @@ class InstanceFit:
                          f"{self.mem_fraction:g} of the instance's memory")
     local_kv = None
     if self.trainer_resident_bytes_per_param:
-      gpus = preset.train_nodes * preset.gpus_per_node
-      resident = (self.trainer_resident_bytes_per_param * preset.params_b * 1e9 / gpus
-                  * preset.gpus_per_instance)
+      resident = (self.trainer_resident_bytes_per_param * preset.params_b * 1e9
+                  / self.trainer_shard_gpus * preset.gpus_per_instance)
       local_kv = int(kv - resident // preset.kv_bytes_per_token)
-      if local_kv <= 0:
+      if local_kv <= 0 and self.offload_if_full:
+        local_kv = None  # the trainer offloads its parameters: nothing resident
+      elif local_kv <= 0:
         raise ValueError(f"InstanceFit: {preset.name}'s resident trainer state "
-                         f"({resident / 1e9:.1f} GB per local engine) leaves no KV cache")
+                         f"({resident / 1e9:.1f} GB per local engine) leaves no KV cache; "
+                         f"set offload_if_full=True to model parameter offload")
     decode = dataclasses.replace(d, fixed_s=d.fixed_s * s + self.step_extra_s,
                                  per_seq_s=d.per_seq_s * s,
                                  per_ctx_token_s=d.per_ctx_token_s * self.ctx_scale,
@@ -120,8 +136,8 @@ class InstanceFit:
 # The roofline model as it was before the fit (every figure derived; R1-like lengths).
 ROOFLINE = InstanceFit()
 # Fitted to the 14B static-pool points and the length-sweep end points (sim/paper.py).
-FITTED = InstanceFit(ctx_scale=2.0, step_extra_s=0.0275, group_share=0.2, mem_fraction=0.6,
-                     max_running=256, trainer_resident_bytes_per_param=4.0)
+FITTED = InstanceFit(ctx_scale=2.0, step_extra_s=0.0275, group_share=0.1, mem_fraction=0.6,
+                     max_running=256, trainer_resident_bytes_per_param=6.0)
 
 
 def fitted_presets(fit: InstanceFit = FITTED) -> dict[str, ModelPreset]:
