@@ -1,19 +1,40 @@
 """The docs' commands that train, run as written (paths in a temporary directory, fewer
-steps where `tests/docs/commands.py` says so)."""
+steps where `tests/docs/commands.py` says so), in this process: `python -m experiments.grpo`
+through its own flags and `main` (`tests/experiments/cli_runner.py`), other `python -m` modules
+through `runpy` with their `sys.argv`, `python -c` through `exec`. A new interpreter per
+command would spend ~5 CPU-s on imports (torch and transformers for the Hugging Face ones)
+before it does the command's work; the commands as processes are the CLI tests' subject."""
 import os
 import re
+import runpy
 import shlex
-import subprocess
 import sys
 
 from tests.docs.commands import REPO, module_args
+from tests.experiments.cli_runner import run_grpo
 
 
-def _run(args, cwd, timeout=400):
-  p = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                     env=dict(os.environ, PYTHONPATH=REPO))
-  assert p.returncode == 0, p.stderr[-3000:]
-  return p.stderr
+def _run(args, cwd):
+  """Runs `python <args>` in this process with `cwd` as the working directory; returns what
+  an `experiments.grpo` run wrote to stderr ("" for other commands, which must not raise)."""
+  old_cwd, old_argv = os.getcwd(), sys.argv
+  os.chdir(cwd)
+  try:
+    if args[:2] == ["-m", "experiments.grpo"]:
+      code, err = run_grpo(args[2:])
+      assert code == 0, err[-3000:]
+      return err
+    if args[0] == "-m":
+      sys.argv = [args[1], *args[2:]]
+      runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+      assert args[0] == "-c", args
+      sys.argv = ["-c", *args[2:]]
+      exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__"})  # pylint: disable=exec-used
+    return ""
+  finally:
+    sys.argv = old_argv
+    os.chdir(old_cwd)
 
 
 def test_quickstart_main_job_with_eval(tmp_path):
@@ -23,9 +44,8 @@ def test_quickstart_main_job_with_eval(tmp_path):
   with open(os.path.join(REPO, "scripts", "quickstart.sh")) as f:
     assert f.read().rstrip().endswith('exec .venv/bin/python -m experiments.grpo "$@"')
   args = module_args("python -m experiments.grpo --steps=20 --eval_every=10", "experiments.grpo")
-  err = _run([sys.executable, "-m", "experiments.grpo", *args, "--steps=2", "--eval_every=2",
-              "--progress=false", f"--compile_cache={os.path.join(REPO, '.jax_cache')}",
-              f"--out_dir={tmp_path / 'run'}"], cwd=REPO)
+  err = _run(["-m", "experiments.grpo", *args, "--steps=2", "--eval_every=2",
+              "--progress=false", f"--out_dir={tmp_path / 'run'}"], cwd=REPO)
   assert re.search(r"done: step 2/2, reward [\d.]+, eval reward [\d.]+", err), err
   for name in ("metrics.jsonl", "reward_kl.png", "config.json", "final_params.npz"):
     assert (tmp_path / "run" / name).exists(), name
@@ -47,7 +67,7 @@ def test_hf_model_train_export_and_load(tmp_path):
     args = shlex.split(subst(cmd))
     assert args[0] == "python"
     extra = ["--progress=false"] if "experiments.grpo" in cmd else []
-    err = _run([sys.executable, *args[1:], *extra], cwd=tmp_path)
+    err = _run([*args[1:], *extra], cwd=tmp_path)
     if "experiments.grpo" in cmd:
       assert "done: step 5/5" in err and "hf export" in err, err
   assert (tmp_path / "hf-demo" / "hf" / "tokenizer.json").exists()
