@@ -179,6 +179,6 @@ def paper_table(ours: dict[str, float], paper: dict[str, float]) -> str:
   lines = [f"{'figure':<22} {'paper':>7} {'ours':>7} {'ratio':>6}"]
   for k, v in paper.items():
     if k in ours:
-      fmt = "7.0f" if abs(v) >= 100 else "7.2f"
+      fmt = "7.0f" if abs(v) >= 10 else "7.2f"  # rates and seconds whole
       lines.append(f"{k:<22} {v:{fmt}} {ours[k]:{fmt}} {ours[k] / v:6.2f}")
   return "\n".join(lines)
