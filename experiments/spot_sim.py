@@ -111,10 +111,13 @@ def _segments(trace):
 def _paper(trace, fit):
   """--paper: the calibration points and the held-out Bamboo table beside RLBoost's."""
   cal = paper.calibration_points(fit, jobs=FLAGS.jobs)
+  rel = paper.release_points(fit, jobs=FLAGS.jobs)
   val = paper.validation_points(trace, fit, FLAGS.segment_hours, FLAGS.sample, FLAGS.seed,
                                 FLAGS.jobs)
   print(f"== calibration (fitted; Qwen3-14B static pool, steady state) ==\n"
         f"{paper.paper_table(cal, paper.CALIBRATION)}")
+  print(f"\n== calibration (fitted; the release's REPRODUCE.md, Qwen3-8B static pools) ==\n"
+        f"{paper.paper_table(rel, paper.RELEASE_8B)}")
   print(f"\n== validation (held out; {trace.name}, {FLAGS.sample:g} of the instances, "
         f"{FLAGS.segment_hours:g} h segments, mean) ==\n"
         f"{paper.paper_table(val, paper.VALIDATION)}")
@@ -122,6 +125,7 @@ def _paper(trace, fit):
     print(f"  {label} per segment (x, ce, instances used): " + ", ".join(
         f"{k} {x:.2f}/{c:.2f}/{n:.1f}" for k, (x, c, n) in segs.items()))
   out = {"fit": dataclasses.asdict(fit), "calibration": {"paper": paper.CALIBRATION, "ours": cal},
+         "release_8b": {"paper": paper.RELEASE_8B, "ours": rel},
          "validation": {"paper": paper.VALIDATION, "ours": val}, "trace": trace.name}
   with open(os.path.join(FLAGS.out_dir, "paper.json"), "w") as f:
     json.dump(out, f, sort_keys=True, indent=1)

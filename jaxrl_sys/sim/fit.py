@@ -28,7 +28,8 @@ Fitted (F) and taken-from-measurement (M) figures; sources in `sim/README.md`:
 - prefill_scale (F): prefill time relative to the roofline preset (the hand-off's re-prefill);
 - length median / sigma / group_share (F): the response lengths of OpenR1-Math prompts under
   the 14K cap and their within-group correlation (RLBoost does not publish them);
-- training MFU (M): torchtitan's 33-39% on 8 H100s (unchanged, `sim.presets`);
+- training MFU (M): torchtitan's 33-39% on 8 H100s (unchanged, `sim.presets`); `train_scale`
+  (left at 1) scales it for sensitivity runs;
 - start-up (M): not constrained by a static pool; `startup` (public figures, `sim.startup`).
 """
 from __future__ import annotations
@@ -66,6 +67,10 @@ class InstanceFit:
       host-side work per step (scheduling, sampling with log-probs, streaming) that the
       roofline's 1 ms leaves out; it sets how slowly the last responses of a step decode.
     median, sigma, group_share: the clipped log-normal response lengths (`LengthDistribution`).
+    train_scale: multiplies the training time per token (both terms). 1 in `FITTED`; RLBoost's
+      release trains with gradient checkpointing (6 forward-equivalents per token instead of
+      the presets' 5: x1.2), and its 8B figures imply ~245 s of training per step (x1.28 ours);
+      not adopted, because x1.2 takes the 14B six-instance point below 10% (sim/README.md).
   """
   decode_scale: float = 1.0
   ctx_scale: float = 1.0
@@ -79,6 +84,7 @@ class InstanceFit:
   trainer_resident_bytes_per_param: float = 0.0
   trainer_shard_gpus: int = 8
   offload_if_full: bool = True
+  train_scale: float = 1.0
 
   def __post_init__(self):
     if self.trainer_resident_bytes_per_param < 0 or self.trainer_shard_gpus < 1:
@@ -86,6 +92,7 @@ class InstanceFit:
                        f"trainer_shard_gpus >= 1, got {self.trainer_resident_bytes_per_param}, "
                        f"{self.trainer_shard_gpus}")
     if not (self.decode_scale > 0 and self.ctx_scale > 0 and self.prefill_scale > 0
+            and self.train_scale > 0
             and self.max_running >= 1 and self.step_extra_s >= 0
             and (self.mem_fraction is None or 0 < self.mem_fraction <= 1)):
       raise ValueError(f"InstanceFit: need scales > 0, max_running >= 1, step_extra_s >= 0, "
@@ -130,7 +137,9 @@ class InstanceFit:
     return dataclasses.replace(
         preset, name=preset.name, decode=decode, local_kv_tokens=local_kv,
         prefill_s_per_token=preset.prefill_s_per_token * self.prefill_scale,
-        prefill_attn_s=preset.prefill_attn_s * self.prefill_scale)
+        prefill_attn_s=preset.prefill_attn_s * self.prefill_scale,
+        train_s_per_token=preset.train_s_per_token * self.train_scale,
+        train_attn_s=preset.train_attn_s * self.train_scale)
 
 
 # The roofline model as it was before the fit (every figure derived; R1-like lengths).

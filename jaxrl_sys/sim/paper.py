@@ -14,6 +14,13 @@ Qwen3-14B step is ~1,000 simulated requests through the real manager); all of th
 minute. The cost efficiency of a static pool follows from its throughput and instance count
 (cost ratio 1 + n x $5.32 / $83.79), so these points constrain throughput.
 
+Release figures (calibration; RLBoost's reproduction guide, PolyRL `REPRODUCE.md` at commit
+7a5aebe: Qwen3-8B on one 8xH100, `run_async_grpo8b_pipeline.sh`, 2xH100 instances joined one
+at a time): co-located veRL ~10,000 tokens/s (`perf/throughput` ~1,300 per GPU x 8: prompt +
+response tokens); 1 / 2 / 3 / 4 instances ~12,000 / 14,000 / 16,000 / 18,000 tokens/s; and the
+windows its controller shipped for those counts, {1: 190, 2: 160, 3: 105, 4: 70} s
+(`balance.rs`). `release_points` measures the same: a static pool per count, steady state.
+
 Validation (held out, never tuned on): Bamboo p3, 50% of the instances, 2-hour segments, the
 mean over segments of RLBoost vs co-located: 1.66x / 1.97x / 1.51x throughput and +34% / +49%
 / +28% cost efficiency for 8B / 14B / 32B.
@@ -42,6 +49,14 @@ VALIDATION = {
     "bamboo 8B x": 1.66, "bamboo 8B ce": 1.34, "bamboo 14B x": 1.97, "bamboo 14B ce": 1.49,
     "bamboo 32B x": 1.51, "bamboo 32B ce": 1.28,
 }
+# The release's 8B figures (module docstring): total tokens/s of co-located veRL, throughput
+# ratios per instance count, and the controller's window (s) per count.
+RELEASE_8B = {
+    "8B colocated tok/s": 10000.0,
+    "8B 1 inst x": 1.2, "8B 2 inst x": 1.4, "8B 3 inst x": 1.6, "8B 4 inst x": 1.8,
+    "8B 1 inst T_seed": 190.0, "8B 2 inst T_seed": 160.0, "8B 3 inst T_seed": 105.0,
+    "8B 4 inst T_seed": 70.0,
+}
 CAP_5K, CAP_14K = 5120, 14336
 
 
@@ -60,6 +75,18 @@ def _static_job(args) -> tuple[float, float]:
   cfg, n, skip = args
   res = simulate(cfg, constant_trace(n, 1e9)) if cfg.mode == "rlboost" else simulate(cfg)
   return _steady(res, skip)
+
+
+def _release_job(args) -> tuple[float, float]:
+  """(total tokens/s incl. prompts, mean window) over steps `skip`.. of one static pool."""
+  cfg, n, skip = args
+  res = simulate(cfg, constant_trace(n, 1e9)) if cfg.mode == "rlboost" else simulate(cfg)
+  steps = res.steps[skip:]
+  if not steps:
+    raise ValueError(f"need more than {skip} steps, got {len(res.steps)}")
+  wall = sum(s.end - s.start for s in steps)
+  tseed = sum(s.t_seed for s in steps) / len(steps)
+  return sum(s.tokens + s.prompt_tokens for s in steps) / wall, tseed
 
 
 def static_pool_config(fit: InstanceFit, max_tokens: int = CAP_14K, steps: int = 10,
@@ -94,6 +121,24 @@ def calibration_points(fit: InstanceFit = FITTED, steps: int = 10, skip: int = 3
           "static 6 inst x": s14[6][0], "static 6 inst ce": s14[6][1],
           "cap 5K x (3 inst)": s5[3][0], "cap 5K ce (3 inst)": s5[3][1],
           "cap 14K x (6 inst)": s14[6][0], "cap 14K ce (6 inst)": s14[6][1]}
+
+
+def release_points(fit: InstanceFit = FITTED, steps: int = 10, skip: int = 3,
+                   jobs: int = 1) -> dict[str, float]:
+  """Ours for every `RELEASE_8B` figure: Qwen3-8B static pools of 1-4 instances and co-located
+  veRL, cap 14,336, steady state (steps `skip`.. of `steps`); tokens/s count prompt + response
+  tokens as verl's `perf/throughput` does."""
+  base = static_pool_config(fit, CAP_14K, steps, get_preset("qwen3-8b"))
+  counts = (1, 2, 3, 4)
+  jobs_ = [(dataclasses.replace(base, mode="colocated"), 0, skip)]
+  jobs_ += [(base, n, skip) for n in counts]
+  out = experiment.parallel_map(_release_job, jobs_, jobs)
+  co = out[0][0]
+  res = {"8B colocated tok/s": co}
+  for n, (x, tseed) in zip(counts, out[1:]):
+    res[f"8B {n} inst x"] = x / co
+    res[f"8B {n} inst T_seed"] = tseed
+  return res
 
 
 def validation_points(trace: Trace, fit: InstanceFit = FITTED, segment_hours: float = 2.0,
@@ -134,5 +179,6 @@ def paper_table(ours: dict[str, float], paper: dict[str, float]) -> str:
   lines = [f"{'figure':<22} {'paper':>7} {'ours':>7} {'ratio':>6}"]
   for k, v in paper.items():
     if k in ours:
-      lines.append(f"{k:<22} {v:7.2f} {ours[k]:7.2f} {ours[k] / v:6.2f}")
+      fmt = "7.0f" if abs(v) >= 10 else "7.2f"  # rates and seconds whole
+      lines.append(f"{k:<22} {v:{fmt}} {ours[k]:{fmt}} {ours[k] / v:6.2f}")
   return "\n".join(lines)
