@@ -69,8 +69,9 @@ class InstanceFit:
     median, sigma, group_share: the clipped log-normal response lengths (`LengthDistribution`).
     train_scale: multiplies the training time per token (both terms). 1 in `FITTED`; RLBoost's
       release trains with gradient checkpointing (6 forward-equivalents per token instead of
-      the presets' 5: x1.2), and its 8B figures imply ~245 s of training per step (x1.28 ours);
-      not adopted, because x1.2 takes the 14B six-instance point below 10% (sim/README.md).
+      the presets' 5: x1.2), and its 8B figures imply ~245 s of training plus trainer wait per
+      step (x1.28 ours if the wait were zero; the figures cannot separate the two); not
+      adopted, because x1.2 takes the 14B six-instance point below 10% (sim/README.md).
   """
   decode_scale: float = 1.0
   ctx_scale: float = 1.0
