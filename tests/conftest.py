@@ -38,6 +38,10 @@ if os.environ["JAX_PLATFORMS"] == "cpu":
     if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
       os.environ["XLA_FLAGS"] += " " + _flag
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray starts idle Python workers when a driver connects; the suite's actors never use them (they
+# start workers of their own), and each costs ~1-2 CPU-s: 11 per run, measured. Off for the
+# suite's Ray instances (the session's and those its commands start).
+os.environ.setdefault("RAY_prestart_worker_first_driver", "false")
 
 import jax  # noqa: E402
 
