@@ -60,11 +60,22 @@ RELEASE_8B = {
 CAP_5K, CAP_14K = 5120, 14336
 
 
-def _steady(res, skip: int) -> tuple[float, float]:
-  """(tokens/s, tokens per dollar) over steps `skip`.. of a run (cost pro rata of time)."""
+def _run_pool(cfg: SimConfig, n: int):
+  """One run of `cfg` over a static pool of `n` instances (co-located veRL: no pool)."""
+  return simulate(cfg, constant_trace(n, 1e9)) if cfg.mode == "rlboost" else simulate(cfg)
+
+
+def _steady_steps(res, skip: int) -> list:
+  """The steps of `res` from `skip` on (the steady state)."""
   steps = res.steps[skip:]
   if not steps:
     raise ValueError(f"need more than {skip} steps, got {len(res.steps)}")
+  return steps
+
+
+def _steady(res, skip: int) -> tuple[float, float]:
+  """(tokens/s, tokens per dollar) over steps `skip`.. of a run (cost pro rata of time)."""
+  steps = _steady_steps(res, skip)
   tokens = sum(s.tokens for s in steps)
   wall = sum(s.end - s.start for s in steps)
   dollars_per_s = res.cost / res.wall
@@ -73,20 +84,22 @@ def _steady(res, skip: int) -> tuple[float, float]:
 
 def _static_job(args) -> tuple[float, float]:
   cfg, n, skip = args
-  res = simulate(cfg, constant_trace(n, 1e9)) if cfg.mode == "rlboost" else simulate(cfg)
-  return _steady(res, skip)
+  return _steady(_run_pool(cfg, n), skip)
 
 
 def _release_job(args) -> tuple[float, float]:
   """(total tokens/s incl. prompts, mean window) over steps `skip`.. of one static pool."""
   cfg, n, skip = args
-  res = simulate(cfg, constant_trace(n, 1e9)) if cfg.mode == "rlboost" else simulate(cfg)
-  steps = res.steps[skip:]
-  if not steps:
-    raise ValueError(f"need more than {skip} steps, got {len(res.steps)}")
+  steps = _steady_steps(_run_pool(cfg, n), skip)
   wall = sum(s.end - s.start for s in steps)
   tseed = sum(s.t_seed for s in steps) / len(steps)
   return sum(s.tokens + s.prompt_tokens for s in steps) / wall, tseed
+
+
+def _pool_jobs(base: SimConfig, counts: Sequence[int], skip: int) -> list:
+  """The jobs of a static-pool comparison: co-located veRL first, then a pool per count."""
+  return [(dataclasses.replace(base, mode="colocated"), 0, skip)] + [(base, n, skip)
+                                                                     for n in counts]
 
 
 def static_pool_config(fit: InstanceFit, max_tokens: int = CAP_14K, steps: int = 10,
@@ -105,9 +118,7 @@ def static_pool(fit: InstanceFit, counts: Sequence[int], max_tokens: int = CAP_1
   """{n: (throughput ratio, cost-efficiency ratio)} of a static pool of n instances vs
   co-located veRL, both on `fit` (see the module docstring)."""
   base = static_pool_config(fit, max_tokens, steps, preset)
-  jobs_ = [(dataclasses.replace(base, mode="colocated"), 0, skip)]
-  jobs_ += [(base, n, skip) for n in counts]
-  out = experiment.parallel_map(_static_job, jobs_, jobs)
+  out = experiment.parallel_map(_static_job, _pool_jobs(base, counts, skip), jobs)
   (co_x, co_tpd), rest = out[0], out[1:]
   return {n: (x / co_x, t / co_tpd) for n, (x, t) in zip(counts, rest)}
 
@@ -130,9 +141,7 @@ def release_points(fit: InstanceFit = FITTED, steps: int = 10, skip: int = 3,
   tokens as verl's `perf/throughput` does."""
   base = static_pool_config(fit, CAP_14K, steps, get_preset("qwen3-8b"))
   counts = (1, 2, 3, 4)
-  jobs_ = [(dataclasses.replace(base, mode="colocated"), 0, skip)]
-  jobs_ += [(base, n, skip) for n in counts]
-  out = experiment.parallel_map(_release_job, jobs_, jobs)
+  out = experiment.parallel_map(_release_job, _pool_jobs(base, counts, skip), jobs)
   co = out[0][0]
   res = {"8B colocated tok/s": co}
   for n, (x, tseed) in zip(counts, out[1:]):
