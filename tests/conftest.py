@@ -68,7 +68,7 @@ HEAVY_GROUPS = {
     "tests/train/loop/test_multihost.py": 110, "tests/notebooks/test_notebooks.py": 80,
     "tests/docs/test_doc_runs.py": 80, "tests/train/step/test_step.py": 60,
     "tests/models/test_moe_segments.py": 60, "tests/models/test_moe.py": 55,
-    "tests/models/test_hf_parity.py": 55, "tests/train/loop/test_loop.py": 50,
+    "tests/models/test_hf_parity.py": 55,
 }
 
 
