@@ -21,15 +21,21 @@ def test_worker_asking_for_missing_resources_is_a_clear_error(ray_session):  # p
     RolloutSetup(chaos_kill_every=3.0)
 
 
-def test_cli_ray_workers_with_chaos_and_adaptive_offload(tmp_path):
+def test_cli_ray_workers_with_chaos_and_adaptive_offload(tmp_path, ray_session):
+  """A job that joins a running Ray cluster (`--ray_address=HOST:PORT`, docs/ray.md's
+  multi-node form; here the session's instance) and starts none of its own: its actors run
+  there, and the trace preempts them."""
   trace = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces",
                        "parcae", "trace_ll_10_11.txt")
+  address = ray_session.get_runtime_context().gcs_address
   rc, _, err = _run(["--steps=4", "--rollout=ray", "--num_workers=2", "--offload=adaptive",
                      "--t_seed_init=0.2", f"--preempt_trace={trace}", "--trace_time_scale=0.05",
-                     f"--out_dir={tmp_path}"], timeout=400)
+                     f"--ray_address={address}", f"--out_dir={tmp_path}"], timeout=400)
   assert rc == 0, err
   assert "done: step 4/4" in err, err
   assert os.path.exists(tmp_path / "offload.png")
+  # Ray's own start-up lines: the job joined the cluster and started no instance of its own.
+  assert "Connecting to existing Ray cluster" in err and "Started a local Ray" not in err, err
 
 
 def test_cli_chaos_workers_and_a_file_weight_store(tmp_path):
