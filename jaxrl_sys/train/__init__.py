@@ -6,7 +6,9 @@
 - `train_step(state, batch[micro, rows, T]) -> (state, metrics)` and its pieces `init_accum`,
   `accumulate`, `apply` (global normalisation across micro-batches), and `fused_step` (a step of
   one micro-batch as one program); `make_train_fns` jits them on a mesh
-  (`TrainFns.step / init_accum / accumulate / apply / fused_step / put_batch`).
+  (`TrainFns.step / init_accum / accumulate / apply / fused_step / put_batch`);
+  `train_programs` builds the optimizer, schedule, abstract state and `TrainFns` once per
+  process for equal configurations (`TrainPrograms`), so a second loop reuses the compiled step.
 - `TrainBatch`, `Sample`, `pack`, `stack`: completions -> fixed-shape padded arrays.
 - `make_optimizer` (clip -> AdamW(schedule) -> ESS scale), `make_schedule`; `TrainConfig`
   (+ `train_config_for_algo`), `OptimConfig`.
@@ -46,6 +48,7 @@ from jaxrl_sys.train.loop.periodic_eval import PeriodicEval
 from jaxrl_sys.train.recipe.build import RecipeConfig, RecipeResult, build_recipe, run_recipe
 from jaxrl_sys.train.recipe.run_config import RunConfig
 from jaxrl_sys.train.recipe.run_dir import new_run_dir, prepare_run_dir
+from jaxrl_sys.train.step.programs import TrainPrograms, train_programs
 from jaxrl_sys.train.step.state import (TrainState, abstract_state, init_train_state,
                                         state_shardings, with_shardings)
 from jaxrl_sys.train.step.update import (Accum, TrainFns, accumulate, apply, fused_step, init_accum,
@@ -58,9 +61,10 @@ __all__ = [
     "DivergenceError", "DivergenceGuard", "LoopConfig", "MODES", "MetricsLogger", "OptimConfig",
     "PeriodicEval", "PrecisionConfig", "Progress", "RLLoop", "RecipeConfig", "RecipeResult",
     "Restored", "RolloutBuffer", "RunConfig", "RunResult", "Sample", "TrainBatch", "TrainConfig",
-    "TrainFns", "TrainState", "abstract_state", "accumulate", "apply", "build_recipe", "evaluate",
-    "fingerprint", "fused_step", "init_accum", "init_train_state", "load_model", "make_optimizer",
-    "make_schedule", "make_train_fns", "new_run_dir", "pack", "plot_history", "prepare_run_dir",
-    "rollout_weights", "run_recipe", "stack", "state_shardings", "supervised_warmup",
-    "token_logprobs", "train_config_for_algo", "train_step", "with_shardings",
+    "TrainFns", "TrainPrograms", "TrainState", "abstract_state", "accumulate", "apply",
+    "build_recipe", "evaluate", "fingerprint", "fused_step", "init_accum", "init_train_state",
+    "load_model", "make_optimizer", "make_schedule", "make_train_fns", "new_run_dir", "pack",
+    "plot_history", "prepare_run_dir", "rollout_weights", "run_recipe", "stack", "state_shardings",
+    "supervised_warmup", "token_logprobs", "train_config_for_algo", "train_programs", "train_step",
+    "with_shardings",
 ]

@@ -55,11 +55,10 @@ from jaxrl_sys.train.loop.guard import DivergenceGuard
 from jaxrl_sys.train.loop import multihost
 from jaxrl_sys.train.loop.metrics_log import (MetricsLogger, Progress, client_counters, peak_flops,
                                               rollout_metrics, train_flops_per_token)
-from jaxrl_sys.train.step.optim import make_optimizer, make_schedule
 from jaxrl_sys.train.loop.local_client import check_lengths, default_client, extra_groups
-from jaxrl_sys.train.step.state import (TrainState, abstract_state, init_train_state,
+from jaxrl_sys.train.step.state import (TrainState, init_train_state,
                                         state_shardings, with_shardings)
-from jaxrl_sys.train.step.update import make_train_fns
+from jaxrl_sys.train.step.programs import train_programs
 from jaxrl_sys.train.loop.step_stats import StepStats, step_stats
 from jaxrl_sys.train.precision import PrecisionConfig, rollout_weights
 from jaxrl_sys.train.loop.stop_signals import RunInterrupted, StopSignals  # noqa: F401 (re-export)
@@ -154,13 +153,9 @@ class RLLoop:
     # MC-GRPO draws G + 1 samples per prompt (the median pivot carries no gradient).
     median = train_config.advantage.baseline == "median"
     self.samples = loop_config.group_size + int(median)
-    self.optimizer = make_optimizer(train_config.optim, ess_rule=train_config.ess_rule,
-                                    base_ess_ratio=train_config.base_ess_ratio,
-                                    moment_dtype=self.precision.param_dtype)
-    self.schedule = make_schedule(train_config.optim)
-    self.abstract = abstract_state(model_config, train_config, self.optimizer)
-    self.fns = make_train_fns(model_config, train_config, self.optimizer, self.abstract, mesh,
-                              rules=rules, schedule=self.schedule)
+    # Built once per process for equal configurations (`train.step.programs`).
+    self.optimizer, self.schedule, self.abstract, self.fns = train_programs(
+        model_config, train_config, self.precision.param_dtype, mesh, rules)
     self._init_params, self._client, self._engine_config = init_params, client, engine_config
     self._warmup_engine = warmup_engine
     self.clock = clock
