@@ -7,7 +7,7 @@ bash scripts/setup_env.sh test,ray
 # Python's default: a process caches the bytecode of what it imports (__pycache__, git-ignored),
 # so that the suite's ~60 processes (pytest workers, CLI runs, Ray actors, notebook kernels)
 # compile the package and the rewritten test modules once, not each. Some sandboxes export
-# PYTHONDONTWRITEBYTECODE=1; the installed packages are compiled by pip either way.
+# PYTHONDONTWRITEBYTECODE=1; the installed packages are compiled by setup_env.sh either way.
 unset PYTHONDONTWRITEBYTECODE
 set +e
 .venv/bin/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder "$@"
