@@ -57,43 +57,28 @@ configure_for_backend(os.environ["JAX_PLATFORMS"])
 
 import pytest  # noqa: E402
 
-
-# The longest xdist groups, in seconds of one worker (2 cores, a cold compile cache, measured
-# 2026-11-26). They are scheduled first (`--no-loadscope-reorder` in scripts/test.sh keeps
-# this order), so that the run never ends on one worker still in a long group while the other
-# is idle. Unlisted groups follow in collection order. Only the order depends on these figures.
-HEAVY_GROUPS = {
-    "ray": 200, "ray-cli": 120,
-    "tests/experiments/test_grpo_cli.py": 150, "tests/harness/test_cli_harness.py": 130,
-    "tests/train/loop/test_multihost.py": 110, "tests/notebooks/test_notebooks.py": 80,
-    "tests/docs/test_doc_runs.py": 80, "tests/train/step/test_step.py": 60,
-    "tests/models/test_moe_segments.py": 60, "tests/models/test_moe.py": 55,
-    "tests/models/test_hf_parity.py": 55,
-}
-
-
-def _group(item) -> str:
-  marker = item.get_closest_marker("xdist_group")
-  return marker.args[0] if marker and marker.args else marker.kwargs.get("name", "")
+from tests import scheduling  # noqa: E402
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
-  """Keeps each test file on one xdist worker (`--dist loadgroup`), as `loadfile` would, while
-  files marked `xdist_group("ray")` (tests in this process over the session's Ray instance)
-  or `xdist_group("ray-cli")` (commands and notebooks that start Ray of their own) share one
-  worker each; then puts the `HEAVY_GROUPS` first, longest first."""
-  for item in items:
-    if item.get_closest_marker("xdist_group") is None:
-      item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-  order = {g: i for i, g in enumerate(sorted(HEAVY_GROUPS, key=lambda g: -HEAVY_GROUPS[g]))}
-  items.sort(key=lambda item: order.get(_group(item), len(order)))
+  """Puts the longest units of work first (`tests.scheduling.sort_heavy_first`)."""
+  scheduling.sort_heavy_first(items)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+  """`--dist loadgroup`: one worker per test file, or per shared group of files
+  (`tests.scheduling`), whatever the pytest version."""
+  if config.getvalue("dist") != "loadgroup":
+    return None
+  return scheduling.make_scheduler(config, log)
 
 
 @pytest.fixture(scope="session")
 def ray_session():
   """One local Ray instance for the whole session (workers inherit this process's XLA flags);
-  test files using it are marked `pytestmark = pytest.mark.xdist_group("ray")`."""
+  the test files using it share one worker (`tests.scheduling.SHARED_GROUPS`)."""
   from jaxrl_sys.rollout.workers.ray import import_ray, init_ray  # pylint: disable=import-outside-toplevel
   ray = import_ray()
   init_ray(num_cpus=16, object_store_memory=256 * 2**20)

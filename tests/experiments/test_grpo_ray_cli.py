@@ -8,7 +8,6 @@ import pytest
 from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup, check_ray_resources
 from tests.experiments.test_grpo_cli import _run
 
-pytestmark = pytest.mark.xdist_group("ray-cli")
 
 
 def test_worker_asking_for_missing_resources_is_a_clear_error(ray_session):  # pylint: disable=unused-argument

@@ -8,7 +8,6 @@ import pytest
 
 from tests.notebooks.runner import images, run_notebook
 
-pytestmark = pytest.mark.xdist_group("ray-cli")
 
 
 def test_elastic_rollout_kills_a_worker_and_loses_no_token(tmp_path):

@@ -17,7 +17,6 @@ from jaxrl_sys.rollout import (FinishReason, InProcessWorker, ManagerConfig, Man
 from tests.conftest import RAY_COMPILE_CACHE
 from tests.rollout import common, fake_worker
 
-pytestmark = pytest.mark.xdist_group("ray")
 _VERSIONS = itertools.count(1)  # Ray actors outlive a test: every manager publishes a newer one
 
 

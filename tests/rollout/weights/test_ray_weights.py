@@ -11,7 +11,6 @@ from jaxrl_sys.rollout.weights import CorruptWeightsError, make_weight_store
 from jaxrl_sys.rollout.weights.io import host_leaves
 from tests.rollout.weights.test_weights import leaf_bytes, tree
 
-pytestmark = pytest.mark.xdist_group("ray")
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,11 @@ import os
 import signal
 import time
 
-import pytest
 
 from jaxrl_sys.rollout import ManagerConfig, RolloutManager
 from tests.conftest import RAY_COMPILE_CACHE
 from tests.rollout import common
 
-pytestmark = pytest.mark.xdist_group("ray")
 
 
 def _worker(name, delay=0.01):

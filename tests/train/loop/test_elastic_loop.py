@@ -6,7 +6,6 @@ import pytest
 from jaxrl_sys.train import recipe as recipe_lib
 from tests.train.common import quick
 
-pytestmark = pytest.mark.xdist_group("ray")
 
 
 def test_chaos_run_equals_the_undisturbed_run(ray_session):  # pylint: disable=unused-argument

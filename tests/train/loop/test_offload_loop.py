@@ -13,7 +13,6 @@ import dataclasses
 
 import jax
 import numpy as np
-import pytest
 
 from jaxrl_sys.rollout import InProcessWorker, ManagerConfig, RolloutManager
 from jaxrl_sys.rollout.elastic.offload import OffloadConfig
@@ -23,7 +22,6 @@ from jaxrl_sys.train.loop.local_client import default_engine_config
 from tests.conftest import RAY_COMPILE_CACHE
 from tests.train.common import quick
 
-pytestmark = pytest.mark.xdist_group("ray")
 
 
 def _loop(steps, client=None, offload=None):
