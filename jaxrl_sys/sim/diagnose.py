@@ -141,9 +141,14 @@ def table(summary: dict, implied: dict[str, float] | None = None) -> str:
   lines = [head]
   for label, per in summary.items():
     for s, m in per.items():
-      x = f"{m['x']:5.2f} {m['ce']:5.2f}" if "x" in m else f"{'1':>5} {'1':>5}"
+      if s == "colocated":  # no spot fleet, no window: generation then training
+        lines.append(f"{label:<5} {s:<9} {'1':>5} {'1':>5} {'':>5} {'':>5} {'':>5} {'':>6} "
+                     f"{'':>7} {'':>7} {m['last_done_in_step']:5.0f} {m['duration']:5.0f} "
+                     f"{m['t_train']:5.0f} {'':>7} {m['reserved_per_h']:7.1f} {m['steps']:5.1f}")
+        continue
       imp = f"{implied[label]:5.1f}" if implied and label in implied else f"{'':>5}"
-      lines.append(f"{label:<5} {s:<9} {x} {imp} {m['workers_used']:5.1f} {m['n_prem']:5.1f} "
+      lines.append(f"{label:<5} {s:<9} {m['x']:5.2f} {m['ce']:5.2f} {imp} "
+                   f"{m['workers_used']:5.1f} {m['n_prem']:5.1f} "
                    f"{m['t_seed']:6.0f} {m['t_wait_train']:7.0f} {m['t_wait_remote']:7.0f} "
                    f"{m['last_done_in_step']:5.0f} {m['duration']:5.0f} {m['t_train']:5.0f} "
                    f"{m['spot_per_h']:7.1f} {m['reserved_per_h']:7.1f} {m['steps']:5.1f}")
