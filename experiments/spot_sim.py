@@ -151,7 +151,8 @@ def _diagnose(trace, fit):
   summary = diagnose.summarize(rows)
   print(f"== held-out diagnostics ({trace.name}; means over steps, then segments; 'impl' = "
         f"spot instances the paper's figures imply; caps {caps}; capped = not adopted) ==\n"
-        f"{diagnose.table(summary, implied)}")
+        f"{diagnose.table(summary, implied)}\n\nper segment:\n"
+        f"{diagnose.table(diagnose.summarize(rows, per_segment=True), implied)}")
   with open(os.path.join(FLAGS.out_dir, "diagnose.json"), "w") as f:
     json.dump({"implied": implied, "caps": caps, "summary": summary, "rows": rows}, f,
               sort_keys=True)

@@ -107,10 +107,12 @@ def diagnostic_rows(trace: Trace, caps: dict[str, int] | None, fit: InstanceFit 
   return rows
 
 
-def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+def summarize(rows: Sequence[dict[str, Any]],
+              per_segment: bool = False) -> dict[str, dict[str, dict[str, float]]]:
   """{label: {setting: means over segments}}: throughput and cost-efficiency ratios to the
   preset's co-located run (per segment, then averaged, as `report.summarize`) and the
-  `step_means` fields averaged over segments."""
+  `step_means` fields averaged over segments; `per_segment`: one entry per
+  "setting segment" instead (no averaging)."""
   out: dict[str, dict[str, dict[str, float]]] = {}
   co = {r["preset"]: r["result"] for r in rows if r["setting"] == "colocated"}
   for name, label in LABELS.items():
@@ -126,7 +128,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, f
       m = step_means(res, p.train_nodes, p.gpus_per_node, p.gpus_per_instance)
       m["x"] = res["throughput"] / c["throughput"]
       m["ce"] = res["tokens_per_dollar"] / c["tokens_per_dollar"]
-      per.setdefault(r["setting"], []).append(m)
+      key = f"{r['setting']} {r['segment']}" if per_segment else r["setting"]
+      per.setdefault(key, []).append(m)
     out[label] = {s: {k: sum(v[k] for v in ms) / len(ms) for k in ms[0]}
                   for s, ms in per.items()}
     out[label]["colocated"] = step_means(c, p.train_nodes, p.gpus_per_node, p.gpus_per_instance)
@@ -135,19 +138,19 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, f
 
 def table(summary: dict, implied: dict[str, float] | None = None) -> str:
   """One line per (model, setting): ratios and per-step means (seconds, instances, $/h)."""
-  head = (f"{'model':<5} {'setting':<9} {'x':>5} {'ce':>5} {'impl':>5} {'used':>5} "
+  head = (f"{'model':<5} {'setting':<15} {'x':>5} {'ce':>5} {'impl':>5} {'used':>5} "
           f"{'Nprem':>5} {'T_seed':>6} {'wait_tr':>7} {'wait_rm':>7} {'last':>5} {'step':>5} "
           f"{'train':>5} {'spot$/h':>7} {'resv$/h':>7} {'steps':>5}")
   lines = [head]
   for label, per in summary.items():
     for s, m in per.items():
       if s == "colocated":  # no spot fleet, no window: generation then training
-        lines.append(f"{label:<5} {s:<9} {'1':>5} {'1':>5} {'':>5} {'':>5} {'':>5} {'':>6} "
+        lines.append(f"{label:<5} {s:<15} {'1':>5} {'1':>5} {'':>5} {'':>5} {'':>5} {'':>6} "
                      f"{'':>7} {'':>7} {m['last_done_in_step']:5.0f} {m['duration']:5.0f} "
                      f"{m['t_train']:5.0f} {'':>7} {m['reserved_per_h']:7.1f} {m['steps']:5.1f}")
         continue
       imp = f"{implied[label]:5.1f}" if implied and label in implied else f"{'':>5}"
-      lines.append(f"{label:<5} {s:<9} {m['x']:5.2f} {m['ce']:5.2f} {imp} "
+      lines.append(f"{label:<5} {s:<15} {m['x']:5.2f} {m['ce']:5.2f} {imp} "
                    f"{m['workers_used']:5.1f} {m['n_prem']:5.1f} "
                    f"{m['t_seed']:6.0f} {m['t_wait_train']:7.0f} {m['t_wait_remote']:7.0f} "
                    f"{m['last_done_in_step']:5.0f} {m['duration']:5.0f} {m['t_train']:5.0f} "
