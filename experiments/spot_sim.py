@@ -13,6 +13,7 @@ segment) and one over all settings; writes `results.json` (byte-identical for a 
   python -m experiments.spot_sim --preset=qwen3-14b --settings=rlboost,restart --segments=0
   python -m experiments.spot_sim --preset=measured:benchmarks/results   # calibrated figures
   python -m experiments.spot_sim --paper      # every RLBoost figure beside ours (paper.json)
+  python -m experiments.spot_sim --diagnose   # held-out per-step means + capped fleet
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import time
 from absl import app, flags
 
 from jaxrl_sys.rollout.elastic.trace_formats import FORMATS, load_trace
-from jaxrl_sys.sim import calibrate, experiment, paper, report
+from jaxrl_sys.sim import calibrate, diagnose, experiment, paper, report
 from jaxrl_sys.sim.driver import SimConfig, Workload
 from jaxrl_sys.sim.fit import FITTED, ROOFLINE
 from jaxrl_sys.sim.presets import PRESETS, get_preset
@@ -60,6 +61,15 @@ flags.DEFINE_float("group_share", None, "Share of the log-length variance common
                    "default: --model's.")
 flags.DEFINE_bool("paper", False, "Run RLBoost's calibration points and its Bamboo table "
                   "(held out) and print every paper figure beside ours; writes paper.json.")
+flags.DEFINE_bool("diagnose", False, "Run the held-out Bamboo segments (--segments, default "
+                  "all) for the 8B/14B/32B presets (--diagnose_presets) and print per-step means "
+                  "(instances, N_prem, T_seed, waits, step and training time, spot and reserved "
+                  "$/h), plus a counterfactual with the spot fleet capped at the count the "
+                  "paper's figures imply (jaxrl_sys.sim.diagnose; not adopted); writes "
+                  "diagnose.json.")
+flags.DEFINE_string("diagnose_presets", "qwen3-8b,qwen3-14b,qwen3-32b",
+                    "Presets --diagnose runs (comma list).")
+flags.DEFINE_bool("diagnose_cap", True, "--diagnose: also run the capped counterfactual.")
 flags.DEFINE_integer("max_steps", 0, "Stop each run after this many steps (0: the segment).")
 flags.DEFINE_integer("jobs", 2, "Worker processes.")
 flags.DEFINE_bool("plots", True, "Write PNG plots.")
@@ -131,6 +141,23 @@ def _paper(trace, fit):
     json.dump(out, f, sort_keys=True, indent=1)
 
 
+def _diagnose(trace, fit):
+  """--diagnose: per-step means of the held-out runs, uncapped and capped (sim.diagnose)."""
+  implied = diagnose.implied_counts()
+  caps = {k: max(1, round(v)) for k, v in implied.items()} if FLAGS.diagnose_cap else None
+  rows = diagnose.diagnostic_rows(trace, caps, fit, FLAGS.diagnose_presets.split(","),
+                                  FLAGS.segment_hours, FLAGS.sample, FLAGS.seed, FLAGS.jobs,
+                                  FLAGS.segments)
+  summary = diagnose.summarize(rows)
+  print(f"== held-out diagnostics ({trace.name}; means over steps, then segments; 'impl' = "
+        f"spot instances the paper's figures imply; caps {caps}; capped = not adopted) ==\n"
+        f"{diagnose.table(summary, implied)}\n\nper segment:\n"
+        f"{diagnose.table(diagnose.summarize(rows, per_segment=True), implied)}")
+  with open(os.path.join(FLAGS.out_dir, "diagnose.json"), "w") as f:
+    json.dump({"implied": implied, "caps": caps, "summary": summary, "rows": rows}, f,
+              sort_keys=True)
+
+
 def main(argv):
   del argv
   os.makedirs(FLAGS.out_dir, exist_ok=True)
@@ -139,6 +166,9 @@ def main(argv):
   trace = _trace()
   if FLAGS.paper:
     _paper(trace, fit)
+    return
+  if FLAGS.diagnose:
+    _diagnose(trace, fit)
     return
   trace = trace.sample(FLAGS.sample, FLAGS.seed)
   hours, segs = _segments(trace)

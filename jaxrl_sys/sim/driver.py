@@ -107,6 +107,8 @@ class SimConfig:
     poll_timeout: seconds one wait for completions may take.
     warm_start: the instances live at the trace's start are up already (a segment is a window
       of a longer run); later ones pay the start-up delay.
+    max_spot_instances: at most this many spot instances at once, on top of the controller's
+      N_prem cap (None: no such cap). A diagnostic switch (`sim.diagnose`), not part of RLBoost.
   """
   preset: ModelPreset
   mode: str = "rlboost"
@@ -124,8 +126,12 @@ class SimConfig:
   seed: int = 0
   poll_timeout: float = 60.0
   warm_start: bool = True
+  max_spot_instances: int | None = None
 
   def __post_init__(self):
+    if self.max_spot_instances is not None and self.max_spot_instances < 1:
+      raise ValueError(f"SimConfig.max_spot_instances must be None or >= 1, got "
+                       f"{self.max_spot_instances}")
     if self.mode not in MODES:
       raise ValueError(f"SimConfig.mode must be one of {MODES}, got {self.mode!r}")
     if self.mode == "disagg" and self.disagg_instances < 1:
@@ -164,7 +170,8 @@ class Simulation:
     self.manager.add_tick_hook(self._watchdog)
     self.fleet = None
     if self.player is not None:
-      self.fleet = Fleet(self.cluster.make_remote, schedule=self.player)
+      self.fleet = Fleet(self.cluster.make_remote, schedule=self.player,
+                         cap=c.max_spot_instances)
       self.manager.add_tick_hook(self.fleet)
     if c.mode == "disagg":
       for i in range(c.disagg_instances):
@@ -322,7 +329,7 @@ class Simulation:
         last_done=self._last_done,
         workers_used=offload["workers_used"], n_prem_cap=offload["n_prem_cap"],
         remote_live=len(self.cluster.remote()),
-        delta={k: stats1[k] - stats0.get(k, 0) for k in stats1})
+        delta={k: stats1[k] - stats0.get(k, 0) for k in stats1}, n_prem=offload["n_prem"])
     self.version += 1
     m.publish_weights(None, self.version)
     self.cluster.broadcast(self.version)

@@ -150,6 +150,15 @@ def release_points(fit: InstanceFit = FITTED, steps: int = 10, skip: int = 3,
   return res
 
 
+def validation_bases(fit: InstanceFit, segment_hours: float, seed: int = 0,
+                     base_kw: dict[str, Any] | None = None) -> dict[str, SimConfig]:
+  """{preset: base config} of the held-out table: 8B, 14B, 32B on `fit`, one segment's horizon."""
+  return {name: SimConfig(fit.apply(get_preset(name)), workload=Workload(lengths=fit.lengths()),
+                          engine=fit.engine(), horizon=segment_hours * 3600.0, seed=seed,
+                          **(base_kw or {}))
+          for name in ("qwen3-8b", "qwen3-14b", "qwen3-32b")}
+
+
 def validation_points(trace: Trace, fit: InstanceFit = FITTED, segment_hours: float = 2.0,
                       sample: float = 0.5, seed: int = 0, jobs: int = 1,
                       base_kw: dict[str, Any] | None = None,
@@ -163,11 +172,7 @@ def validation_points(trace: Trace, fit: InstanceFit = FITTED, segment_hours: fl
   from jaxrl_sys.sim.settings import SETTINGS  # pylint: disable=import-outside-toplevel
   segment_hours, segs = experiment.plan_segments(trace.sample(sample, seed), segment_hours,
                                                  indices)
-  bases = {}
-  for name in ("qwen3-8b", "qwen3-14b", "qwen3-32b"):
-    bases[name] = SimConfig(fit.apply(get_preset(name)), workload=Workload(lengths=fit.lengths()),
-                            engine=fit.engine(), horizon=segment_hours * 3600.0, seed=seed,
-                            **(base_kw or {}))
+  bases = validation_bases(fit, segment_hours, seed, base_kw)
   settings = [SETTINGS[n] for n in ("colocated", "rlboost", *extra)]
   rows = experiment.run_grid(bases, settings, segs, jobs)
   summ = report.summarize(rows, [n for n, _ in segs])

@@ -29,7 +29,8 @@ class StepRecord:
     t_wait_remote / t_remote: remote instances' mean idle time after their last response / mean
       busy time (the controller's inputs).
     last_done: when the step's last response finished.
-    workers_used: remote instances, time-averaged; n_prem_cap: the controller's cap (-1: none).
+    workers_used: remote instances, time-averaged; n_prem_cap: the controller's cap (-1: none),
+      floor(n_prem); n_prem: the controller's N_prem after the step, unrounded (-1: none).
     remote_live: remote instances alive at the end.
     delta: the manager's counters during the step (migrated, tokens_kept, balanced, lost, ...).
   """
@@ -50,6 +51,7 @@ class StepRecord:
   n_prem_cap: float
   remote_live: int
   delta: dict
+  n_prem: float = -1.0
 
   @property
   def duration(self) -> float:

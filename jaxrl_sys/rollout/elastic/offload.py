@@ -241,4 +241,5 @@ class OffloadDriver:
             "t_wait_train": t_wait_train, "t_wait_remote": timings.t_wait_remote,
             "t_remote": timings.t_remote, "workers_used": n_prem,
             "n_prem_cap": -1.0 if cap is None else float(cap),
+            "n_prem": -1.0 if math.isinf(self.state.n_prem_cap) else self.state.n_prem_cap,
             "tokens_local": float(local_tokens), "tokens_remote": float(tokens - local_tokens)}
