@@ -75,15 +75,39 @@ def pytest_xdist_make_scheduler(config, log):
   return scheduling.make_scheduler(config, log)
 
 
+_RAY = []  # the Ray module while the session's instance runs
+
+
 @pytest.fixture(scope="session")
 def ray_session():
-  """One local Ray instance for the whole session (workers inherit this process's XLA flags);
-  the test files using it share one worker (`tests.scheduling.SHARED_GROUPS`)."""
-  from jaxrl_sys.rollout.workers.ray import import_ray, init_ray  # pylint: disable=import-outside-toplevel
-  ray = import_ray()
-  init_ray(num_cpus=16, object_store_memory=256 * 2**20)
-  yield ray
-  ray.shutdown()
+  """One local Ray instance for the tests of the "ray" unit of work (`tests.scheduling`), all
+  on one worker: started by the first test that asks for it, shut down after the unit's last
+  test (`pytest_runtest_teardown`), not kept idle to the end of the run. Ray workers inherit
+  this process's XLA flags."""
+  if not _RAY:
+    from jaxrl_sys.rollout.workers.ray import import_ray, init_ray  # pylint: disable=import-outside-toplevel
+    ray = import_ray()
+    init_ray(num_cpus=16, object_store_memory=256 * 2**20)
+    _RAY.append(ray)
+  return _RAY[0]
+
+
+def _stop_ray() -> None:
+  if _RAY:
+    _RAY.pop().shutdown()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+  """Shuts the session's Ray instance down once the next test belongs to another unit of work
+  (an idle instance costs ~3% of a core)."""
+  if _RAY and (nextitem is None
+               or scheduling.group_of(nextitem.nodeid) != scheduling.group_of(item.nodeid)):
+    _stop_ray()
+
+
+def pytest_sessionfinish(session, exitstatus):  # pylint: disable=unused-argument
+  _stop_ray()
 
 
 RAY_COMPILE_CACHE = str(_CACHE)

@@ -19,7 +19,7 @@ def test_every_listed_file_exists():
     ("tests/losses/test_policy.py::test_a[x-1]", "tests/losses/test_policy.py"),
     ("tests/losses/test_policy.py::TestC::test_b", "tests/losses/test_policy.py"),
     ("tests/train/loop/test_elastic_loop.py::test_a[p@q]", "ray"),
-    ("tests/experiments/test_grpo_ray_cli.py::test_b@ray-cli", "ray-cli"),
+    ("tests/experiments/test_grpo_ray_cli.py::test_b@ray-cli", "ray"),
     ("tests/experiments/test_grpo_cli.py::test_c", "tests/experiments/test_grpo_cli.py"),
 ])
 def test_group_of(nodeid, unit):
@@ -38,7 +38,7 @@ def test_heavy_units_first_longest_first_then_collection_order():
   items = [_Item(i) for i in ids]
   scheduling.sort_heavy_first(items)
   assert [i.nodeid for i in items] == [
-      "tests/rollout/workers/test_ray_elastic.py::t",      # ray: 200
+      "tests/rollout/workers/test_ray_elastic.py::t",      # ray: 330
       "tests/experiments/test_grpo_cli.py::t",             # 150
       "tests/models/test_moe.py::t",                       # 55
       "tests/a.py::t1", "tests/b.py::t", "tests/a.py::t2"]

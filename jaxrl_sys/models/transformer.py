@@ -13,6 +13,7 @@ Layout (L layers, D hidden, Hq/Hkv heads of Dh, F mlp width, V vocab):
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -44,8 +45,12 @@ def _normal(key, shape, dtype, std=0.02):
   return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(config: ModelConfig, key: jax.Array) -> Params:
-  """Random initialisation (normal std 0.02, norms at 1), in `config.param_dtype`."""
+  """Random initialisation (normal std 0.02, norms at 1), in `config.param_dtype`.
+
+  Jitted (`config` static): one compiled program per configuration, where op-by-op
+  execution would compile each random draw and cast of each distinct shape on its own."""
   c, dt = config, config.pdtype
   L, D, Hq, Hkv, Dh, F, V = (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
                              c.head_dim, c.intermediate_size, c.vocab_size)

@@ -2,8 +2,8 @@
 
 The kernel is its own process: it starts its own local Ray instance (never the session's
 `ray_session`, which may be alive in this xdist worker) and shuts it down in its last cell.
-In the "ray-cli" xdist group (with the CLI's Ray runs), so that it never runs beside another
-command that starts a Ray instance of its own."""
+In the "ray" unit of work (`tests.scheduling`, with the CLI's Ray runs), so that it never runs
+beside another command that starts a Ray instance of its own."""
 import pytest
 
 from tests.notebooks.runner import images, run_notebook
