@@ -89,9 +89,12 @@ def test_long_greedy_generation_matches_full_forward_recompute():
                         sampling=models.SamplingConfig(temperature=0.0, max_new_tokens=128))
   seq = np.concatenate([toks, np.asarray(out.tokens)], axis=1)
   full_mask = np.concatenate([mask, np.ones_like(np.asarray(out.tokens))], axis=1)
-  hidden = models.forward(params, cfg, jnp.asarray(seq),
-                          attention_mask=jnp.asarray(full_mask)).hidden
-  logp = np.asarray(jax.nn.log_softmax(models.logits_from_hidden(params, cfg, hidden), axis=-1))
+  @jax.jit                                               # one program, not op by op
+  def full_logp(params, seq, mask):
+    hidden = models.forward(params, cfg, seq, attention_mask=mask).hidden
+    return jax.nn.log_softmax(models.logits_from_hidden(params, cfg, hidden), axis=-1)
+
+  logp = np.asarray(full_logp(params, jnp.asarray(seq), jnp.asarray(full_mask)))
   pred = logp[:, 5:-1]                                   # predictions for the 128 new tokens
   new = np.asarray(out.tokens)
   np.testing.assert_array_equal(new, pred.argmax(-1))
