@@ -251,7 +251,7 @@ def _param_bytes(params) -> int:
 
 def decode_section(s: Sizes, info: dict, profile: dict | None = None) -> list[dict]:
   c = s.dense
-  params = jax.jit(models.init_params, static_argnums=0)(c, jax.random.PRNGKey(0))
+  params = models.init_params(c, jax.random.PRNGKey(0))
   sampling = models.SamplingConfig(temperature=1.0, max_new_tokens=s.new_tokens, stop_tokens=())
   kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * jnp.dtype(c.cdtype).itemsize
   rows = []

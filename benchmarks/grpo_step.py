@@ -35,7 +35,7 @@ BASE = recipe_lib.RecipeConfig(progress=False, sft_steps=60, lr_warmup_steps=5)
 def warm_params(rc: recipe_lib.RecipeConfig):
   recipe = recipe_lib.build_recipe(rc)
   rc, mc = recipe.config, recipe.model.config  # the task's defaults filled in
-  params = jax.jit(init_params, static_argnums=0)(mc, jax.random.PRNGKey(rc.seed))
+  params = init_params(mc, jax.random.PRNGKey(rc.seed))
   return supervised_warmup(params, mc, recipe.task, recipe.model.tokenizer, steps=rc.sft_steps,
                            batch_size=rc.sft_batch_size, learning_rate=rc.sft_learning_rate,
                            seq_len=rc.max_prompt_len + rc.max_new_tokens)

@@ -114,25 +114,24 @@ def summarize(rows: Sequence[dict[str, Any]],
   `step_means` fields averaged over segments; `per_segment`: one entry per
   "setting segment" instead (no averaging)."""
   out: dict[str, dict[str, dict[str, float]]] = {}
-  co = {r["preset"]: r["result"] for r in rows if r["setting"] == "colocated"}
+  # Each run is compared with the co-located run of its own segment.
+  co = {(r["preset"], r["segment"]): r["result"] for r in rows if r["setting"] == "colocated"}
   for name, label in LABELS.items():
-    if name not in co:
-      continue
     p = get_preset(name)
-    c = co[name]
     per: dict[str, list[dict[str, float]]] = {}
     for r in rows:
-      if r["preset"] != name or r["setting"] == "colocated":
+      if r["preset"] != name or (name, r["segment"]) not in co:
         continue
-      res = r["result"]
+      res, c = r["result"], co[(name, r["segment"])]
       m = step_means(res, p.train_nodes, p.gpus_per_node, p.gpus_per_instance)
-      m["x"] = res["throughput"] / c["throughput"]
-      m["ce"] = res["tokens_per_dollar"] / c["tokens_per_dollar"]
+      if r["setting"] != "colocated":
+        m["x"] = res["throughput"] / c["throughput"]
+        m["ce"] = res["tokens_per_dollar"] / c["tokens_per_dollar"]
       key = f"{r['setting']} {r['segment']}" if per_segment else r["setting"]
       per.setdefault(key, []).append(m)
-    out[label] = {s: {k: sum(v[k] for v in ms) / len(ms) for k in ms[0]}
-                  for s, ms in per.items()}
-    out[label]["colocated"] = step_means(c, p.train_nodes, p.gpus_per_node, p.gpus_per_instance)
+    if per:
+      out[label] = {s: {k: sum(v[k] for v in ms) / len(ms) for k in ms[0]}
+                    for s, ms in per.items()}
   return out
 
 
@@ -144,7 +143,7 @@ def table(summary: dict, implied: dict[str, float] | None = None) -> str:
   lines = [head]
   for label, per in summary.items():
     for s, m in per.items():
-      if s == "colocated":  # no spot fleet, no window: generation then training
+      if s.split()[0] == "colocated":  # no spot fleet, no window: generation then training
         lines.append(f"{label:<5} {s:<15} {'1':>5} {'1':>5} {'':>5} {'':>5} {'':>5} {'':>6} "
                      f"{'':>7} {'':>7} {m['last_done_in_step']:5.0f} {m['duration']:5.0f} "
                      f"{m['t_train']:5.0f} {'':>7} {m['reserved_per_h']:7.1f} {m['steps']:5.1f}")

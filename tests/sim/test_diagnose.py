@@ -62,3 +62,23 @@ def test_step_means_average_the_records_and_bill_as_the_result_does():
   # Spot + reserved dollars per hour x hours = the run's cost.
   assert (m["spot_per_h"] + m["reserved_per_h"]) * res.wall / 3600 == pytest.approx(res.cost,
                                                                                      rel=1e-4)
+
+
+def test_summarize_divides_each_run_by_its_own_segments_colocated_run():
+  def run(preset, setting, segment, thr, tpd):
+    step = dict(workers_used=2.0, n_prem=3.0, t_seed=10.0, t_wait_train=1.0, t_wait_remote=2.0,
+                t_train=5.0, start=0.0, last_done=8.0, end=20.0)
+    return {"preset": preset, "setting": setting, "segment": segment,
+            "result": {"preset": preset, "steps": [step], "wall_s": 3600.0,
+                       "spot_instance_hours": 1.0, "throughput": thr, "tokens_per_dollar": tpd}}
+  rows = [run("qwen3-8b", "colocated", "0-2h", 100.0, 10.0),
+          run("qwen3-8b", "rlboost", "0-2h", 200.0, 12.0),
+          run("qwen3-8b", "colocated", "2-4h", 50.0, 5.0),
+          run("qwen3-8b", "rlboost", "2-4h", 150.0, 7.5)]
+  s = diagnose.summarize(rows)["8B"]
+  assert s["rlboost"]["x"] == pytest.approx((2.0 + 3.0) / 2)      # 200/100 and 150/50
+  assert s["rlboost"]["ce"] == pytest.approx((1.2 + 1.5) / 2)
+  per = diagnose.summarize(rows, per_segment=True)["8B"]
+  assert per["rlboost 2-4h"]["x"] == pytest.approx(3.0)
+  assert "x" not in per["colocated 0-2h"] and per["colocated 2-4h"]["steps"] == 1
+  assert diagnose.table(diagnose.summarize(rows, per_segment=True)).count("colocated") == 2

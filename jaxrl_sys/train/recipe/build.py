@@ -328,7 +328,7 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
   def init():
     params = recipe.model.params
     if params is None:
-      params = jax.jit(init_params, static_argnums=0)(mc, jax.random.PRNGKey(rc.loop.seed))
+      params = init_params(mc, jax.random.PRNGKey(rc.loop.seed))  # jitted
     if rc.warmup.steps:
       progress.phase(f"supervised warm-up ({rc.warmup.steps} steps)")
     seq = rc.loop.seq_len
