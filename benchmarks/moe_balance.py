@@ -22,7 +22,7 @@ import optax  # noqa: E402
 
 from benchmarks.common import RESULTS_DIR, print_table, timeit, write_json  # noqa: E402
 from jaxrl_sys import models, sharding  # noqa: E402
-from jaxrl_sys.models import moe  # noqa: E402
+from jaxrl_sys.models.moe import block as moe  # noqa: E402
 
 METHODS = ("none", "aux_loss", "aux_free", "bip")
 

@@ -23,7 +23,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import print_table, write_json  # noqa: E402
-from jaxrl_sys.models import moe, moe_blocked, moe_experts, moe_segments, moe_slots  # noqa: E402
+from jaxrl_sys.models.moe import block as moe  # noqa: E402
+from jaxrl_sys.models.moe import blocked as moe_blocked  # noqa: E402
+from jaxrl_sys.models.moe import experts as moe_experts  # noqa: E402
+from jaxrl_sys.models.moe import segments as moe_segments  # noqa: E402
+from jaxrl_sys.models.moe import slots as moe_slots  # noqa: E402
 
 D, F, E, K = 256, 256, 8, 2
 IMPLS = {

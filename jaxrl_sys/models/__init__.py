@@ -13,8 +13,8 @@ Main entry points:
   `export_hf`: a trained policy as an HF directory with its tokenizer files.
 """
 from jaxrl_sys.models.config import MoEConfig, ModelConfig, RopeConfig
-from jaxrl_sys.models.hf import load_hf_checkpoint, load_hf_config, save_hf_checkpoint
-from jaxrl_sys.models.hf_export import export_hf
+from jaxrl_sys.models.hf.checkpoint import load_hf_checkpoint, load_hf_config, save_hf_checkpoint
+from jaxrl_sys.models.hf.export import export_hf
 from jaxrl_sys.models.kv_cache import KVCache, init_cache
 from jaxrl_sys.models.sampling import (GenerateOutput, SamplingConfig, check_context, decode_loop,
                                        generate, request_keys, sample_tokens)

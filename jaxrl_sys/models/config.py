@@ -37,7 +37,7 @@ class RopeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MoEConfig:
-  """Mixture-of-Experts block settings (used when `ModelConfig.moe` is set; see models/moe.py).
+  """Mixture-of-Experts block settings (used when `ModelConfig.moe` is set; see models/moe/).
 
   Shared experts (`num_shared_experts > 0`) are fused into one SwiGLU MLP of width
   `shared_intermediate_size` (0 = `num_shared_experts * expert_intermediate_size`).

@@ -9,7 +9,7 @@ Layout (L layers, D hidden, Hq/Hkv heads of Dh, F mlp width, V vocab):
   layers.attn.{wq [L, D, Hq, Dh], wk/wv [L, D, Hkv, Dh], wo [L, Hq, Dh, D],
                bq [L, Hq, Dh], bk/bv [L, Hkv, Dh] (attention_bias), q_norm/k_norm [L, Dh] (qk_norm)}
   layers.mlp.{w_gate/w_up [L, D, F], w_down [L, F, D]}   (dense)
-  layers.moe.{...}                                       (MoE, see models/moe.py)
+  layers.moe.{...}                                       (MoE, see models/moe/block.py)
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def init_params(config: ModelConfig, key: jax.Array) -> Params:
                      "w_up": _normal(next(ks), (L, D, F), dt),
                      "w_down": _normal(next(ks), (L, F, D), dt)}
   else:
-    from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
+    from jaxrl_sys.models.moe import block as moe  # pylint: disable=import-outside-toplevel
     layers["moe"] = moe.init_moe_params(c, next(ks))
   params = {"embed": _normal(next(ks), (V, D), dt), "final_norm": jnp.ones((D,), dt),
             "layers": layers}
@@ -94,7 +94,7 @@ def param_axes(config: ModelConfig) -> Params:
     layers["mlp"] = {"w_gate": (LAYERS, EMBED, MLP), "w_up": (LAYERS, EMBED, MLP),
                      "w_down": (LAYERS, MLP, EMBED)}
   else:
-    from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
+    from jaxrl_sys.models.moe import block as moe  # pylint: disable=import-outside-toplevel
     layers["moe"] = moe.moe_param_axes(c)
   axes = {"embed": (VOCAB, EMBED), "final_norm": (NORM,), "layers": layers}
   if not c.tie_embeddings:
@@ -201,7 +201,7 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
     h = rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
     if c.moe is None:
       return x + swiglu_mlp(p["mlp"], h), {}
-    from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
+    from jaxrl_sys.models.moe import block as moe  # pylint: disable=import-outside-toplevel
     out, aux = moe.moe_block(p["moe"], h, c, lstate, token_mask=mask)
     return x + out, aux
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxrl_sys import models
-from jaxrl_sys.models import safetensors_io
+from jaxrl_sys.models.hf import safetensors_io
 from jaxrl_sys.train import recipe as recipe_lib
 from tests.train.common import quick
 

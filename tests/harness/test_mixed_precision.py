@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_sys.models import load_hf_checkpoint, safetensors_io
+from jaxrl_sys.models import load_hf_checkpoint
+from jaxrl_sys.models.hf import safetensors_io
 from jaxrl_sys.train.recipe import build as recipe_lib
 from tests.train.common import bf16_hf_dir, quick
 

@@ -75,7 +75,7 @@ def test_export_import_roundtrip_bit_exact(hf_model, tmp_path):
                               jax.tree_util.tree_leaves_with_path(params2)):
     assert p1 == p2
     assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), (kind, p1)
-  from jaxrl_sys.models import safetensors_io
+  from jaxrl_sys.models.hf import safetensors_io
   orig, ours = safetensors_io.read_checkpoint(src), safetensors_io.read_checkpoint(str(tmp_path))
   assert set(orig) == set(ours)
   for k, v in ours.items():

@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_sys import models, sharding
-from jaxrl_sys.models import moe, moe_routing
+from jaxrl_sys.models.moe import block as moe
+from jaxrl_sys.models.moe import routing as moe_routing
 from tests.precision_helpers import needs_devices
 
 

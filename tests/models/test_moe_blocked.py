@@ -9,7 +9,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_sys import models
-from jaxrl_sys.models import moe, moe_blocked, moe_experts
+from jaxrl_sys.models.moe import block as moe
+from jaxrl_sys.models.moe import blocked as moe_blocked
+from jaxrl_sys.models.moe import experts as moe_experts
 
 
 # The tests' inputs and references are jitted: run op by op, each random draw, softmax and

@@ -8,7 +8,9 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_sys import models
-from jaxrl_sys.models import moe, moe_experts, moe_segments
+from jaxrl_sys.models.moe import block as moe
+from jaxrl_sys.models.moe import experts as moe_experts
+from jaxrl_sys.models.moe import segments as moe_segments
 from jaxrl_sys.sharding import make_mesh
 from tests.precision_helpers import needs_devices, per_backend
 from tests.models.test_moe_blocked import (_experts, _routing, assert_matches_dense,

@@ -7,7 +7,8 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from jaxrl_sys.models import moe, moe_slots
+from jaxrl_sys.models.moe import block as moe
+from jaxrl_sys.models.moe import slots as moe_slots
 from tests.models.test_moe_blocked import _experts, _routing, assert_matches_dense
 from tests.precision_helpers import per_backend
 

@@ -188,7 +188,7 @@ class Engine:
         raise ValueError("moe_state given for a dense model (model_config.moe is None)")
       return None
     if moe_state is None:
-      from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
+      from jaxrl_sys.models.moe import block as moe  # pylint: disable=import-outside-toplevel
       return moe.init_moe_state(self.model_config)
     return moe_state
 

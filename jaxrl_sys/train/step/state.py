@@ -38,7 +38,7 @@ def init_moe_state(model_config: ModelConfig):
   """Initial MoE balancing state, or None for a dense model."""
   if model_config.moe is None:
     return None
-  from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.models.moe import block as moe  # pylint: disable=import-outside-toplevel
   return moe.init_moe_state(model_config)
 
 

@@ -70,7 +70,7 @@ class Accum(NamedTuple):
 
 
 def _moe():
-  from jaxrl_sys.models import moe  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.models.moe import block as moe  # pylint: disable=import-outside-toplevel
   return moe
 
 

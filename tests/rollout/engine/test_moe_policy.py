@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_sys import models
-from jaxrl_sys.models import moe
+from jaxrl_sys.models.moe import block as moe
 from jaxrl_sys.rollout import InProcessRollout, Request, request_key
 from tests.rollout.common import CFG, GREEDY, engine_config
 from tests.rollout.common import params as dense_params

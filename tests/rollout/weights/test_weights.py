@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_sys.models.moe import MoEState
+from jaxrl_sys.models.moe.block import MoEState
 from jaxrl_sys.rollout.weights import io as weights_io
 from jaxrl_sys.rollout.weights import tensorstore as ts_weights
 from jaxrl_sys.rollout.weights.tensorstore import TensorstoreWeightStore, open_latest

@@ -27,7 +27,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxrl_sys.models import moe_experts
+from jaxrl_sys.models.moe import experts as moe_experts
 from jaxrl_sys.models.layers import swiglu
 
 

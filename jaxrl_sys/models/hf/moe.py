@@ -1,5 +1,5 @@
 """Hugging Face import/export of Qwen3-MoE (`Qwen3MoeForCausalLM`), registered in the registry of
-models/hf_common.py (models/hf.py imports this module).
+models/hf/common.py (models/hf/checkpoint.py imports this module).
 
 Checkpoint tensors per layer i (what `save_pretrained` writes, transformers 4.x and 5.x):
   model.layers.{i}.mlp.gate.weight                     [E, D]   -> router [D, E]
@@ -17,7 +17,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxrl_sys.models import hf_common
+from jaxrl_sys.models.hf import common as hf_common
 from jaxrl_sys.models.config import ModelConfig, MoEConfig
 
 ARCH = "Qwen3MoeForCausalLM"

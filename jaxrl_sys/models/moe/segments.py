@@ -28,7 +28,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxrl_sys.models import moe_blocked, moe_experts
+from jaxrl_sys.models.moe import blocked as moe_blocked
+from jaxrl_sys.models.moe import experts as moe_experts
 from jaxrl_sys.models.layers import swiglu, swiglu_grads
 
 _NAMES = ("w_gate", "w_up", "w_down")

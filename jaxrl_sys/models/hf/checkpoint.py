@@ -1,10 +1,10 @@
 """Hugging Face checkpoint import/export (Qwen2, Qwen3, Llama, Mistral; Qwen3-MoE registered by
-models/moe_hf.py, imported here).
+models/hf/moe.py, imported here).
 
 `load_hf_checkpoint(dir)` reads `config.json` and `*.safetensors` (single file or sharded index)
 into (ModelConfig, params); `save_hf_checkpoint(dir, config, params)` writes them back in the
 layout `transformers` loads. Unknown architectures and missing tensors raise errors naming them.
-The tensor-name mapping shared with the MoE importer lives in `models/hf_common.py`.
+The tensor-name mapping shared with the MoE importer lives in `models/hf/common.py`.
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_sys.models import moe_hf  # noqa: F401  (registers Qwen3MoeForCausalLM)
-from jaxrl_sys.models import safetensors_io
+from jaxrl_sys.models.hf import moe as moe_hf  # noqa: F401  (registers Qwen3MoeForCausalLM)
+from jaxrl_sys.models.hf import safetensors_io
 from jaxrl_sys.models.config import ModelConfig
-from jaxrl_sys.models.hf_common import (TensorTaker, architecture, common_from_params,
+from jaxrl_sys.models.hf.common import (TensorTaker, architecture, common_from_params,
                                         common_to_params, dense_config_from_hf,
                                         dense_config_to_hf, register_architecture)
 

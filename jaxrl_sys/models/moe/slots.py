@@ -33,7 +33,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxrl_sys.models import moe_experts, moe_segments
+from jaxrl_sys.models.moe import experts as moe_experts
+from jaxrl_sys.models.moe import segments as moe_segments
 from jaxrl_sys.models.layers import swiglu, swiglu_grads
 
 SLOT_FACTOR = 1.5

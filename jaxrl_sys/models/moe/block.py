@@ -5,10 +5,10 @@ DeepSeek-V3 / Qwen3-MoE style: fine-grained routed SwiGLU experts, optional shar
 top-k with optional renormalisation and a routed scaling factor, capacity-factor dropping or
 dropless. Implementations (`MoEConfig.implementation`): "ragged" (grouped matmul via
 `jax.lax.ragged_dot`), "slots" (expert-major slot buffers, one batched GEMM on the weights as
-they are, an exact fallback on overflow; `models/moe_slots.py`), "segments" (expert-sorted
+they are, an exact fallback on overflow; `models/moe/slots.py`), "segments" (expert-sorted
 segments walked in blocks, one GEMM per block on its expert's weights, exact with no capacity;
-`models/moe_segments.py`), "blocked" (expert-sorted row blocks, one batched GEMM over gathered
-weights; `models/moe_blocked.py`), "auto" (on CPU slots at decode sizes and segments at
+`models/moe/segments.py`), "blocked" (expert-sorted row blocks, one batched GEMM over gathered
+weights; `models/moe/blocked.py`), "auto" (on CPU slots at decode sizes and segments at
 training sizes; ragged on GPU/TPU), "dense" (einsum over all experts, the reference) and
 "expert_parallel" (shard_map + all_to_all over a mesh axis; needs `with jax.set_mesh(mesh):`).
 
@@ -33,9 +33,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_sys import backend
-from jaxrl_sys.models import moe_blocked, moe_experts, moe_routing, moe_segments, moe_slots
+from jaxrl_sys.models.moe import blocked as moe_blocked
+from jaxrl_sys.models.moe import experts as moe_experts
+from jaxrl_sys.models.moe import routing as moe_routing
+from jaxrl_sys.models.moe import segments as moe_segments
+from jaxrl_sys.models.moe import slots as moe_slots
 from jaxrl_sys.models.config import ModelConfig, MoEConfig
-from jaxrl_sys.models.moe_routing import max_violation
+from jaxrl_sys.models.moe.routing import max_violation
 from jaxrl_sys.sharding.axes import EMBED, EXPERT, EXPERT_MLP, LAYERS, MLP
 
 

@@ -1,5 +1,5 @@
-"""Pieces shared by the Hugging Face importers/exporters (`models/hf.py` for the dense
-architectures, `models/moe_hf.py` for Qwen3-MoE): the architecture registry, RoPE and dense
+"""Pieces shared by the Hugging Face importers/exporters (`models/hf/checkpoint.py` for the dense
+architectures, `models/hf/moe.py` for Qwen3-MoE): the architecture registry, RoPE and dense
 config translation, and the tensor-name mapping of embeddings, norms and attention.
 
 Both importers import this module; neither imports the other's internals.

@@ -14,7 +14,7 @@ import shutil
 from typing import Any, Mapping
 
 from jaxrl_sys.models.config import ModelConfig
-from jaxrl_sys.models.hf import save_hf_checkpoint
+from jaxrl_sys.models.hf.checkpoint import save_hf_checkpoint
 
 # Files of an HF model directory that describe the tokenizer and generation defaults.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
