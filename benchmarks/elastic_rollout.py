@@ -57,7 +57,7 @@ def _manager(workers, params, version, **cfg):
   from jaxrl_sys.rollout.weights.ray import RayWeightStore  # pylint: disable=import-outside-toplevel
   store = RayWeightStore() if any(not w.synchronous for w in workers) else None
   m = RolloutManager(workers, store=store, config=ManagerConfig(balance=False, **cfg))
-  m.publish_weights(params, version)
+  m.publish(params, version)
   while any(ws.version < version for ws in m.workers.values()):  # pull + warm up, untimed
     m.round()
     time.sleep(0.01)

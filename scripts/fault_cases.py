@@ -554,28 +554,28 @@ from tests.rollout import common
 """
 # (name, code, the exception it must raise, the message it must contain)
 API_CASES = [
-    ("poll after submit without publish_weights", _ROLLOUT_SETUP + """
+    ("poll after submit without publish", _ROLLOUT_SETUP + """
 m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())])
 m.submit(common.make_requests(2))
 m.poll(timeout=30)
-""", "RolloutStalledError", "no weight version was published: call publish_weights"),
-    ("wrong-shaped first publish_weights", _ROLLOUT_SETUP + """
+""", "RolloutStalledError", "no weight version was published: call publish"),
+    ("wrong-shaped first publish", _ROLLOUT_SETUP + """
 p = dict(common.params()); p["embed"] = p["embed"][:, :16]
 m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())])
-m.publish_weights(p, 0)
+m.publish(p, 0)
 m.submit(common.make_requests(1))
 m.poll(timeout=60)
 """, "WeightPullError", r"wrong shape: \['embed'\]"),
     ("int32 published params", _ROLLOUT_SETUP + """
 p = jax.tree.map(lambda x: x.astype(jnp.int32), common.params())
 m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())])
-m.publish_weights(p, 0)
+m.publish(p, 0)
 m.submit(common.make_requests(1))
 m.poll(timeout=60)
 """, "WeightPullError", "not floating point"),
     ("submit with no workers", _ROLLOUT_SETUP + """
 m = RolloutManager([])
-m.publish_weights(common.params(), 0)
+m.publish(common.params(), 0)
 m.submit(common.make_requests(3))
 m.poll(min_count=3, timeout=30)
 """, "RolloutStalledError", "3 requests pending and no workers"),
@@ -586,7 +586,7 @@ from tests.rollout.manager.test_deadlines import flip_largest_file
 d = tempfile.mkdtemp()
 store = TensorstoreWeightStore(d)
 m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())], store=store)
-m.publish_weights(common.params(), 0)
+m.publish(common.params(), 0)
 store.wait()
 flip_largest_file(os.path.join(d, "v0"))
 m.submit(common.make_requests(2))

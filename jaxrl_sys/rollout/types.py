@@ -119,7 +119,7 @@ class RolloutClient(Protocol):
   submit() never blocks on generation; poll() returns the responses completed since the last
   call (optionally waiting up to `timeout` seconds for at least `min_count`); abort() stops
   requests and returns their partial state (resumable later, e.g. APRIL partial rollouts);
-  publish_weights() makes version `version` the one used for tokens generated after it (an MoE
+  publish() makes version `version` the one used for tokens generated after it (an MoE
   policy publishes its balancing state with it: the routing biases change which experts run);
   snapshot() copies the token state of every unfinished request without stopping it (what a
   checkpoint saves; resubmitting the copies resumes them).
@@ -131,7 +131,7 @@ class RolloutClient(Protocol):
 
   def abort(self, request_ids: Iterable[int] | None = None) -> list[Request]: ...
 
-  def publish_weights(self, params: Any, version: int, moe_state: Any = None) -> None: ...
+  def publish(self, params: Any, version: int, moe_state: Any = None) -> None: ...
 
   def num_pending(self) -> int: ...
 

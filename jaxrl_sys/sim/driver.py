@@ -331,13 +331,13 @@ class Simulation:
         remote_live=len(self.cluster.remote()),
         delta={k: stats1[k] - stats0.get(k, 0) for k in stats1}, n_prem=offload["n_prem"])
     self.version += 1
-    m.publish_weights(None, self.version)
+    m.publish(None, self.version)
     self.cluster.broadcast(self.version)
     return rec
 
   def run(self) -> SimResult:
     c = self.cfg
-    self.manager.publish_weights(None, 0)
+    self.manager.publish(None, 0)
     self.driver.apply_cap(self.manager)  # Algorithm 1: at most N_resv before step 0
     self.manager.round()  # the fleet starts the instances live at the start, within the cap
     try:

@@ -64,7 +64,7 @@ class InProcessRollout:
     finished but not yet polled stay available to `poll()`."""
     return self.engine.abort(request_ids)
 
-  def publish_weights(self, params: Any, version: int, moe_state: Any = None) -> None:
+  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
     """Tokens generated from now on use `params` (and `moe_state`, an MoE policy's routing
     biases; None = zeros) and carry `version`."""
     self.engine.set_weights(params, version, moe_state)

@@ -3,7 +3,7 @@ balancing (no I/O: `manager.exchange.RolloutManager` holds one and drives it wit
 loop).
 
 Events: `submit`, `on_report` (chunks, pulls, rejections of one worker exchange), `add_worker`,
-`on_lost`, `publish_weights`, `tick` (hooks, heartbeats, weight pulls, dispatch, balancing).
+`on_lost`, `publish`, `tick` (hooks, heartbeats, weight pulls, dispatch, balancing).
 Every decision depends only on the events and the injected clock's readings, so the simulator
 drives the same code on a virtual clock.
 """
@@ -79,7 +79,7 @@ class ManagerCore:
     self.stats.submitted += len(batch)
     self.last_progress = now
 
-  def publish_weights(self, params: Any, version: int, moe_state: Any = None) -> None:
+  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
     """Publishes `version` to the store; each worker pulls it at its next exchange (once the
     store has committed it) and serves it from then on."""
     self.store.publish(int(version), params, moe_state)

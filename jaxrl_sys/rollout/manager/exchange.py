@@ -13,7 +13,7 @@ reacts to events:
   weights; a lost one's requests are re-queued at the front as prompt + tokens so far with the
   remaining budget (token-level migration: one prefill elsewhere, no decode work lost, and the
   same per-request randomness, so the final response equals the undisturbed one);
-- `publish_weights(params, version)`: the version goes to the weight store; workers pull it;
+- `publish(params, version)`: the version goes to the weight store; workers pull it;
 - `tick()`: heartbeats, weight pulls, dispatch (`balance.select_worker`), continuous load
   balancing (`balance.pending_moves` / `running_moves`), tick hooks (trace players, autoscalers).
 
@@ -71,7 +71,7 @@ class RolloutManager:
 
   # ----- the state machine's events and views ---------------------------------------------------
   submit = _method("submit")
-  publish_weights = _method("publish_weights")
+  publish = _method("publish")
   add_worker = _method("add_worker")
   on_lost = _method("on_lost")
   remove_worker = _method("remove_worker")
@@ -144,7 +144,7 @@ class RolloutManager:
     if core.latest < 0:
       raise RolloutStalledError(
           f"poll: {n} requests pending but no weight version was published: call "
-          "publish_weights(params, version) before polling")
+          "publish(params, version) before polling")
     if not core.workers and not core.has_hooks():
       raise RolloutStalledError(
           f"poll: {n} requests pending and no workers to run them: add_worker(...) first (or a "

@@ -46,7 +46,7 @@ def evaluate(params: Any, config: ModelConfig, task, tokenizer, indices: Sequenc
   params = jax.tree.map(jnp.copy, params)
   moe_state = None if moe_state is None else jax.tree.map(jnp.copy, moe_state)
   if client is not None:
-    client.publish_weights(params, version, moe_state)
+    client.publish(params, version, moe_state)
     return _evaluate(client, task, tokenizer, indices, loop_config, samples, seed)
   own = default_client(config, params, loop_config, tokenizer.eos_id, version, samples,
                        moe_state=moe_state)

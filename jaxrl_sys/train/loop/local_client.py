@@ -74,7 +74,7 @@ def default_client(model_config: ModelConfig, params, loop: LoopConfig, eos_id: 
     # an idle engine still takes half of the other's last running requests (tail balancing).
     manager = RolloutManager(workers, config=ManagerConfig(plateau_batch=part.num_slots),
                              clock=clock)
-  manager.publish_weights(params, version, moe_state)
+  manager.publish(params, version, moe_state)
   return manager
 
 

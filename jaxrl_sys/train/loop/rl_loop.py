@@ -99,7 +99,7 @@ def _weights(state: TrainState, rollout_dtype: str, mesh=None):
 def _publish(client, state: TrainState, version: int, rollout_dtype: str, mesh=None) -> None:
   """Publishes `_weights(state, rollout_dtype, mesh)` as `version`."""
   params, moe = _weights(state, rollout_dtype, mesh)
-  client.publish_weights(params, version, moe)
+  client.publish(params, version, moe)
 
 
 class RLLoop:

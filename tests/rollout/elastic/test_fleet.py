@@ -17,7 +17,7 @@ def _setup(schedule, cap, **cfg):
     return made[wid]
 
   m = RolloutManager(store=MemoryWeightStore(), config=ManagerConfig(**cfg), clock=clock)
-  m.publish_weights({"w": np.zeros(1)}, 0)
+  m.publish({"w": np.zeros(1)}, 0)
   fleet = Fleet(factory, schedule=schedule, cap=cap)
   m.add_tick_hook(fleet)
   return clock, m, fleet, made
@@ -58,7 +58,7 @@ def test_lowering_the_cap_retires_workers_gracefully():
     return made[wid]
 
   m = RolloutManager(store=MemoryWeightStore(), config=ManagerConfig(balance=False), clock=clock)
-  m.publish_weights({"w": np.zeros(1)}, 0)
+  m.publish({"w": np.zeros(1)}, 0)
   fleet = Fleet(factory, size=4, cap=lambda: cap["n"], retire_after=0.5)
   m.add_tick_hook(fleet)
   reqs = make_requests(12, seed=22, max_new=40)

@@ -94,7 +94,7 @@ def test_seeded_requests_end_exactly_as_undisturbed():
   local = InProcessWorker("trainer", common.CFG, common.engine_config(), local=True)
   remote = InProcessWorker("spot", common.CFG, common.engine_config(), local=False)
   m = RolloutManager([local, remote])
-  m.publish_weights(common.params(), 0)
+  m.publish(common.params(), 0)
   driver = OffloadDriver(OffloadConfig(t_init=1e9))
   m.add_tick_hook(driver)
   reqs = common.make_requests(6, seed=51, group=2)

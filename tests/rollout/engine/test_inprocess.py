@@ -6,7 +6,7 @@ from tests.rollout.common import CFG, engine_config, make_requests, params, refe
 
 
 def test_client_surface_matches_protocol():
-  for name in ("submit", "poll", "abort", "publish_weights", "num_pending"):
+  for name in ("submit", "poll", "abort", "publish", "num_pending"):
     want = inspect.signature(getattr(RolloutClient, name))
     got = inspect.signature(getattr(InProcessRollout, name))
     assert list(got.parameters) == list(want.parameters), name
@@ -38,7 +38,7 @@ def test_abort_and_publish_weights():
   client.engine.step()
   aborted = client.abort([reqs[0].request_id, reqs[5].request_id])
   assert {r.request_id for r in aborted} <= {reqs[0].request_id, reqs[5].request_id}
-  client.publish_weights(params(1), 1)
+  client.publish(params(1), 1)
   client.submit(aborted)  # resumed, now under version 1
   done = []
   while client.num_pending():

@@ -67,7 +67,7 @@ def test_engine_routes_with_the_published_moe_state():
   client = InProcessRollout.create(MOE_CFG, params, cfg, moe_state=state)
   assert _run(client, reqs) == ref
   # Publishing zero biases switches the routing back.
-  client.publish_weights(params, 1, moe.init_moe_state(MOE_CFG))
+  client.publish(params, 1, moe.init_moe_state(MOE_CFG))
   again = [Request(r.request_id + 10, r.prompt, 6, r.key) for r in reqs]
   assert _run(client, again) == {k + 10: v for k, v in ref_zero.items()}
   # models.generate takes the same state.

@@ -33,7 +33,7 @@ class Backend:
             fake_worker.FakeWorker("f1", clock, latency=0.08),
             fake_worker.FakeWorker("f2", clock, latency=0.11, num_slots=2)]
       m = RolloutManager(ws, store=MemoryWeightStore(), clock=clock)
-      m.publish_weights({"w": np.zeros(1)}, next(_VERSIONS))
+      m.publish({"w": np.zeros(1)}, next(_VERSIONS))
       return m
     if self.kind in ("inprocess", "thread"):
       cls = InProcessWorker if self.kind == "inprocess" else ThreadWorker
@@ -46,7 +46,7 @@ class Backend:
           time.sleep(0.01)
       m = RolloutManager(self.ray_workers, store=RayWeightStore(),
                          config=ManagerConfig(theta=1))
-    m.publish_weights(common.params(), next(_VERSIONS))
+    m.publish(common.params(), next(_VERSIONS))
     return m
 
   def requests(self, n, seed, first_id=0, min_version=-1):
@@ -97,7 +97,7 @@ def check(out, ref):
 
 
 def test_surface_matches_the_protocol():
-  for name in ("submit", "poll", "abort", "publish_weights", "num_pending", "snapshot"):
+  for name in ("submit", "poll", "abort", "publish", "num_pending", "snapshot"):
     want = inspect.signature(getattr(RolloutClient, name))
     got = inspect.signature(getattr(RolloutManager, name))
     assert list(got.parameters) == list(want.parameters), name
@@ -139,7 +139,7 @@ def test_abort_returns_resumable_partial_state(backend):
 def test_published_version_gates_and_tags_every_token(backend):
   client = backend.client()
   v = next(_VERSIONS)
-  client.publish_weights(common.params() if backend.kind != "fake" else {"w": np.zeros(1)}, v)
+  client.publish(common.params() if backend.kind != "fake" else {"w": np.zeros(1)}, v)
   reqs = backend.requests(6, seed=33, first_id=500, min_version=v)
   client.submit(reqs)
   out = drain(client)

@@ -43,13 +43,13 @@ def test_poll_without_published_weights_is_an_error():
   m = RolloutManager([FakeWorker("w0", clock)], store=MemoryWeightStore(), clock=clock)
   m.submit(make_requests(2))
   with pytest.raises(RolloutStalledError, match=r"2 requests pending but no weight version was "
-                     r"published: call publish_weights"):
+                     r"published: call publish"):
     m.poll()
 
 
 def test_poll_without_workers_is_an_error():
   m = RolloutManager([], clock=ManualClock())
-  m.publish_weights(TREE, 0)
+  m.publish(TREE, 0)
   m.submit(make_requests(3))
   with pytest.raises(RolloutStalledError, match=r"3 requests pending and no workers"):
     m.poll(min_count=3)
@@ -59,7 +59,7 @@ def test_a_rollout_without_progress_ends_at_the_stall_timeout():
   clock = ManualClock()
   never = FakeWorker("w0", clock, load_delay=1e9)  # its pull never completes
   m = RolloutManager([never], config=ManagerConfig(stall_timeout=50.0), clock=clock)
-  m.publish_weights(TREE, 0)
+  m.publish(TREE, 0)
   m.submit(make_requests(2))
   with pytest.raises(RolloutStalledError, match=r"no progress for 5\d s .*stall_timeout=50.*"
                      r"w0: v-1 holds 0"):
@@ -72,7 +72,7 @@ def test_a_pull_that_never_finishes_fails_after_the_pull_timeout():
   never = FakeWorker("w0", clock, load_delay=1e9)
   cfg = ManagerConfig(pull_timeout=10.0, max_pull_failures=1)
   m = RolloutManager([never], config=cfg, clock=clock)
-  m.publish_weights(TREE, 0)
+  m.publish(TREE, 0)
   m.submit(make_requests(1))
   with pytest.raises(WeightPullError, match=r"weight version 0 .*2 pulls failed .*not loaded "
                      r"within 10 s"):
@@ -85,12 +85,12 @@ def test_a_corrupt_tensorstore_version_is_reported_and_workers_keep_the_good_one
   store = TensorstoreWeightStore(tmp_path)
   ws = [FakeWorker(f"w{i}", clock, fetch=True) for i in range(2)]
   m = RolloutManager(ws, store=store, config=ManagerConfig(max_pull_failures=3), clock=clock)
-  m.publish_weights(TREE, 0)
+  m.publish(TREE, 0)
   store.wait()
   first = make_requests(4, seed=1)
   m.submit(first)
   check_complete(drain(m), first)
-  m.publish_weights({"w": TREE["w"] + 1, "b": TREE["b"]}, 1)
+  m.publish({"w": TREE["w"] + 1, "b": TREE["b"]}, 1)
   store.wait()
   flip_largest_file(os.path.join(tmp_path, "v1"))
   m.submit(make_requests(4, seed=2, min_version=1, first_id=10))
@@ -112,7 +112,7 @@ def test_a_corrupt_first_version_stops_a_real_worker_with_the_path(tmp_path):
   store = TensorstoreWeightStore(tmp_path)
   m = RolloutManager([InProcessWorker("local-0", common.CFG, common.engine_config())],
                      store=store)
-  m.publish_weights(common.params(), 0)
+  m.publish(common.params(), 0)
   store.wait()
   flip_largest_file(os.path.join(tmp_path, "v0"))
   m.submit(common.make_requests(2))
@@ -139,7 +139,7 @@ def test_weights_that_do_not_fit_the_model_are_named(damage, match):
     params = dict(params, extra=jnp.zeros((2,)))
     del params["final_norm"]
   m = RolloutManager([InProcessWorker("local-0", common.CFG, common.engine_config())])
-  m.publish_weights(params, 0)
+  m.publish(params, 0)
   m.submit(common.make_requests(1))
   with pytest.raises(WeightPullError, match=r"weight version 0 could not be loaded .*"
                      r"WeightMismatchError: the weights of version 0 do not fit the model .*"

@@ -17,7 +17,7 @@ PARAMS = {"w": np.zeros((1,), np.float32)}
 
 def manager(workers, clock, **kw):
   m = RolloutManager(workers, store=MemoryWeightStore(), config=ManagerConfig(**kw), clock=clock)
-  m.publish_weights(PARAMS, 0)
+  m.publish(PARAMS, 0)
   return m
 
 
@@ -168,7 +168,7 @@ def test_on_policy_requests_never_see_an_older_version():
   old = make_requests(8, seed=6, max_new=6)
   m.submit(old)
   drain(m)
-  m.publish_weights(PARAMS, 1)
+  m.publish(PARAMS, 1)
   new = make_requests(24, seed=7, max_new=40, min_version=1, first_id=100)
   m.submit(new)
   out = drain(m)
@@ -183,7 +183,7 @@ def test_on_policy_requests_never_see_an_older_version():
 def test_worker_joining_mid_step_pulls_the_current_version_and_gets_work():
   clock = ManualClock()
   m = manager([FakeWorker("a", clock, num_slots=2, tokens_per_exchange=1)], clock, theta=0)
-  m.publish_weights(PARAMS, 3)
+  m.publish(PARAMS, 3)
   reqs = make_requests(10, seed=8, max_new=30, min_version=3)
   m.submit(reqs)
   out = m.poll(timeout=1.0)
@@ -254,7 +254,7 @@ def test_a_failed_weight_publish_is_an_error_not_a_stall(tmp_path):
   root.write_text("a file where the store's directory should be: every write fails")
   clock = ManualClock()
   m = RolloutManager([FakeWorker("a", clock)], store=store, clock=clock)
-  m.publish_weights(PARAMS, 0)
+  m.publish(PARAMS, 0)
   m.submit(make_requests(2, seed=12))
   with pytest.raises(WeightPublishError, match="version 0"):
     for _ in range(1000):
@@ -295,7 +295,7 @@ def test_a_synchronous_worker_is_never_waited_for():
   clock = ManualClock()
   m = manager([_SyncWorker("local", clock, num_slots=8, latency=0.0)], clock, poll_interval=5.0)
   for version in (1, 2, 3):
-    m.publish_weights(PARAMS, version)
+    m.publish(PARAMS, version)
     reqs = make_requests(6, seed=version, min_version=version, first_id=100 * version)
     m.submit(reqs)
     check_complete(drain(m), reqs)

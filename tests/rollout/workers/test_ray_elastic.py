@@ -25,7 +25,7 @@ def _manager(workers):
   from jaxrl_sys.rollout.weights.ray import RayWeightStore  # pylint: disable=import-outside-toplevel
   m = RolloutManager(workers, store=RayWeightStore(),
                      config=ManagerConfig(theta=1, heartbeat_timeout=20.0, balance=False))
-  m.publish_weights(common.params(), 1)
+  m.publish(common.params(), 1)
   return m
 
 
@@ -70,7 +70,7 @@ def test_sigkill_mid_generation_keeps_every_token(ray_session):  # pylint: disab
 
 def test_worker_joining_mid_step_pulls_current_weights_and_takes_work(ray_session):  # pylint: disable=unused-argument
   m = _manager([_worker("j0", delay=0.05)])  # ~5 s of generation: the step outlasts a join
-  m.publish_weights(common.params(), 2)  # the current version is 2 when the step starts
+  m.publish(common.params(), 2)  # the current version is 2 when the step starts
   reqs = common.make_requests(9, seed=42, group=3)
   for r in reqs:
     r.max_new_tokens, r.min_version = 12, 2

@@ -21,7 +21,7 @@ def test_close_joins_the_worker_threads():
   before = _rollout_threads()
   ws = [ThreadWorker(f"join{i}", common.CFG, common.engine_config()) for i in range(2)]
   m = RolloutManager(ws)
-  m.publish_weights(common.params(), 0)
+  m.publish(common.params(), 0)
   m.submit(common.make_requests(4, seed=3))
   assert m.poll(min_count=1, timeout=120.0)
   assert [n for n in _rollout_threads() if n not in before] == ["rollout-join0", "rollout-join1"]
@@ -41,7 +41,7 @@ from tests.rollout import common
 ws = [ThreadWorker(f"w{i}", common.CFG, common.engine_config(), token_delay=0.1)
       for i in range(2)]
 m = RolloutManager(ws)
-m.publish_weights(common.params(), 0)
+m.publish(common.params(), 0)
 m.submit(common.make_requests(4, seed=5))
 m.poll(min_count=1, timeout=120.0)
 for w in ws:  # an exchange in flight on each thread, as when an error leaves a round midway

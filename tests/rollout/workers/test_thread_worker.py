@@ -13,7 +13,7 @@ from tests.rollout import common
 def _manager(version=1):
   ws = [ThreadWorker(f"t{i}", common.CFG, common.engine_config()) for i in range(2)]
   m = RolloutManager(ws, config=ManagerConfig(theta=1, plateau_batch=3))
-  m.publish_weights(common.params(), version)
+  m.publish(common.params(), version)
   return m, ws
 
 
