@@ -24,7 +24,7 @@ import time
 
 from absl import app, flags
 
-from jaxrl_sys.rollout.elastic.trace_formats import FORMATS, load_trace
+from jaxrl_sys.rollout.elastic.trace_formats import FORMATS, load_trace, traces_dir
 from jaxrl_sys.sim import calibrate, diagnose, experiment, paper, report
 from jaxrl_sys.sim.driver import SimConfig, Workload
 from jaxrl_sys.sim.fit import FITTED, ROOFLINE
@@ -32,9 +32,7 @@ from jaxrl_sys.sim.presets import PRESETS, get_preset
 from jaxrl_sys.sim.settings import get_settings
 from jaxrl_sys.sim.startup import COLD_VM, WARM_RESTART
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TRACES = os.environ.get("JAXRL_TRACES_DIR", os.path.join(_REPO, "..", "shared", "traces"))
-_P3 = os.path.join(_TRACES, "bamboo", "p3-trace.csv")
+_P3 = os.path.join(traces_dir(), "bamboo", "p3-trace.csv")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "all", "Comma list of presets (qwen3-8b, qwen3-14b, qwen3-32b), "

@@ -117,7 +117,7 @@ COVERAGE = {
         f"{_RAY_CLI}::test_cli_chaos_workers_and_a_file_weight_store",
         "the same flags plus --weight_store=tensorstore:DIR"),
     "python -m experiments.grpo --rollout=ray --num_workers=3 --offload=adaptive --steps=6 "
-    "--prompts_per_step=16 --preempt_trace=../shared/traces/parcae/trace_hh_55_65.txt "
+    "--prompts_per_step=16 --preempt_trace=jaxrl_sys/data/traces/parcae/trace_hh_55_65.txt "
     "--trace_time_scale=0.05": Mapped(
         f"{_RAY_CLI}::test_cli_ray_workers_with_chaos_and_adaptive_offload",
         "2 workers, the trace_ll_10_11 trace, 4 steps"),

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from jaxrl_sys.rollout.elastic.trace_formats import bundled_trace
 from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup, check_ray_resources
 from tests.experiments.test_grpo_cli import _run
 
@@ -24,8 +25,7 @@ def test_cli_ray_workers_with_chaos_and_adaptive_offload(tmp_path, ray_session):
   """A job that joins a running Ray cluster (`--ray_address=HOST:PORT`, docs/ray.md's
   multi-node form; here the session's instance) and starts none of its own: its actors run
   there, and the trace preempts them."""
-  trace = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces",
-                       "parcae", "trace_ll_10_11.txt")
+  trace = bundled_trace("parcae/trace_ll_10_11.txt")
   address = ray_session.get_runtime_context().gcs_address
   rc, _, err = _run(["--steps=4", "--rollout=ray", "--num_workers=2", "--offload=adaptive",
                      "--t_seed_init=0.2", f"--preempt_trace={trace}", "--trace_time_scale=0.05",

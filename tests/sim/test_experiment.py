@@ -6,12 +6,11 @@ import sys
 
 import pytest
 
-from jaxrl_sys.rollout.elastic.traces import load_bamboo
+from jaxrl_sys.rollout.elastic.trace_formats import bundled_trace, load_bamboo
 from jaxrl_sys.sim import experiment, report
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-P3 = os.path.join(os.environ.get("JAXRL_TRACES_DIR", os.path.join(_REPO, "..", "shared", "traces")),
-                  "bamboo", "p3-trace.csv")
+P3 = bundled_trace("bamboo/p3-trace.csv")
 
 
 def test_p3_sampled_like_rlboost_cuts_into_five_two_hour_segments():

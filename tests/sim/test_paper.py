@@ -7,13 +7,12 @@ import os
 
 import pytest
 
-from jaxrl_sys.rollout.elastic.traces import load_trace
+from jaxrl_sys.rollout.elastic.trace_formats import bundled_trace, load_trace
 from jaxrl_sys.sim import paper
 from jaxrl_sys.sim.fit import FITTED, InstanceFit
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_TRACES = os.environ.get("JAXRL_TRACES_DIR", os.path.join(_REPO, "..", "shared", "traces"))
-P3 = os.path.join(_TRACES, "bamboo", "p3-trace.csv")
+P3 = bundled_trace("bamboo/p3-trace.csv")
 
 
 def test_the_fit_changes_only_what_it_says():

@@ -44,6 +44,27 @@ FORMATS = {
 }
 
 
+# The traces shipped with the package (Bamboo, Parcae; `jaxrl_sys/data/traces/README.md` says
+# where each comes from); the environment variable points elsewhere.
+TRACES_ENV = "JAXRL_TRACES_DIR"
+
+
+def traces_dir() -> str:
+  """The directory of the shipped traces: `$JAXRL_TRACES_DIR` if set, else the package's own."""
+  return os.environ.get(TRACES_ENV) or os.path.join(
+      os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data",
+      "traces")
+
+
+def bundled_trace(name: str) -> str:
+  """The path of a shipped trace, e.g. `bundled_trace("bamboo/p3-trace.csv")`."""
+  path = os.path.join(traces_dir(), name)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"trace {name!r} not found in {traces_dir()} (the package's traces, or "
+                            f"${TRACES_ENV} when set)")
+  return path
+
+
 def known_formats() -> str:
   return "; ".join(f"{k} ({v})" for k, v in FORMATS.items())
 
@@ -248,10 +269,10 @@ def load_trace(path: str, fmt: str = "auto") -> Trace:
 
 
 def load_bamboo(path: str) -> Trace:
-  """A Bamboo event log (e.g. `shared/traces/bamboo/p3-trace.csv`)."""
+  """A Bamboo event log (e.g. `bundled_trace("bamboo/p3-trace.csv")`)."""
   return load_trace(path, "bamboo")
 
 
 def load_parcae(path: str) -> Trace:
-  """A Parcae segment (e.g. `shared/traces/parcae/trace_hh_55_65.txt`)."""
+  """A Parcae segment (e.g. `bundled_trace("parcae/trace_hh_55_65.txt")`)."""
   return load_trace(path, "parcae")

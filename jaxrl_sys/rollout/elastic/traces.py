@@ -2,7 +2,8 @@
 
 A `Trace` is a time-sorted list of `TraceEvent(t, "add" | "remove", node)` (t in seconds from
 the trace start) and an `end` (seconds). Node ids are strings; an id may come back after a
-remove. Files (see `shared/traces/README.md`):
+remove. Files (the shipped ones are in `jaxrl_sys/data/traces/`, see its README; loaders in
+`rollout.elastic.trace_formats`):
 
 - Bamboo event logs (`load_bamboo`): CSV lines `<ms>,<add|remove>,<node>`, CRLF or LF.
   `end` = the last event's time.
@@ -240,15 +241,3 @@ def constant_trace(n: int, duration: float, name: str | None = None) -> Trace:
     raise ValueError(f"constant_trace: need n >= 0 and duration >= 0, got {n}, {duration}")
   return Trace(tuple(TraceEvent(0.0, ADD, f"node-{i}") for i in range(n)), duration,
                name or f"constant{n}")
-
-
-# The file formats live in `rollout.elastic.trace_formats`; these names stay importable from here.
-_FORMAT_NAMES = ("FORMATS", "load_bamboo", "load_parcae", "load_trace", "parse_bamboo",
-                 "parse_parcae", "parse_trace", "parse_counts", "parse_spotserve")
-
-
-def __getattr__(name: str):
-  if name in _FORMAT_NAMES:
-    from jaxrl_sys.rollout.elastic import trace_formats  # pylint: disable=import-outside-toplevel
-    return getattr(trace_formats, name)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,7 @@ from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.elastic.fleet import Fleet
 from jaxrl_sys.rollout.elastic.offload import OffloadConfig
 from jaxrl_sys.rollout.elastic.schedules import ChaosSchedule, TracePlayer
-from jaxrl_sys.rollout.elastic.traces import load_trace
+from jaxrl_sys.rollout.elastic.trace_formats import load_trace
 from jaxrl_sys.rollout.engine.config import EngineConfig
 from jaxrl_sys.rollout.manager.config import ManagerConfig
 from jaxrl_sys.rollout.manager.exchange import RolloutManager

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxrl_sys.rollout.elastic.schedules import ChaosSchedule, TracePlayer
-from jaxrl_sys.rollout.elastic.traces import parse_bamboo
+from jaxrl_sys.rollout.elastic.trace_formats import parse_bamboo
 
 
 def _drain(schedule, nows):

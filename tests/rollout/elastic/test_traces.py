@@ -1,20 +1,17 @@
-"""Spot traces: the parsers reproduce every statistic of shared/traces/README.md; segment,
+"""Spot traces: the parsers reproduce every statistic of jaxrl_sys/data/traces/README.md; segment,
 sample, scale and cap invariants; malformed input."""
 import hashlib
 import math
-import os
 import pathlib
 
 import numpy as np
 import pytest
 
-from jaxrl_sys.rollout.elastic.traces import (Trace, TraceEvent, constant_trace, load_bamboo,
-                                              load_parcae, load_trace, parse_bamboo, parse_parcae)
+from jaxrl_sys.rollout.elastic.trace_formats import (load_bamboo, load_parcae, load_trace,
+                                                     parse_bamboo, parse_parcae, traces_dir)
+from jaxrl_sys.rollout.elastic.traces import Trace, TraceEvent, constant_trace
 
-TRACES = pathlib.Path(os.environ.get(
-    "JAXRL_TRACES_DIR", pathlib.Path(__file__).resolve().parents[4] / "shared" / "traces"))
-needs_traces = pytest.mark.skipif(not (TRACES / "bamboo" / "p3-trace.csv").exists(),
-                                  reason=f"shared traces not found under {TRACES}")
+TRACES = pathlib.Path(traces_dir())
 HOUR = 3600.0
 PARCAE = {  # name: (max, min after start, nodes added, nodes removed) per the README
     "hh_55_65": (32, 20, 48, 19), "hl_15_25": (32, 23, 34, 11),
@@ -35,14 +32,12 @@ def parcae(name):
   return load_parcae(str(TRACES / "parcae" / f"trace_{name}.txt"))
 
 
-@needs_traces
 def test_files_are_the_documented_ones():
   for name, head, tail in [("p3", "0b7828fc", "6bdd68"), ("g4dn", "6a21d200", "3592eb")]:
     digest = hashlib.sha256((TRACES / "bamboo" / f"{name}-trace.csv").read_bytes()).hexdigest()
     assert digest.startswith(head) and digest.endswith(tail)
 
 
-@needs_traces
 def test_p3_statistics(p3):
   c = p3.counts()
   assert (c.events, c.adds, c.removes, c.ids, c.timestamps) == (344, 177, 167, 177, 163)
@@ -58,7 +53,6 @@ def test_p3_statistics(p3):
   assert all(len(k) == 1 for k in kinds.values())  # no timestamp has both an add and a remove
 
 
-@needs_traces
 def test_g4dn_statistics_and_the_mean_convention(g4dn):
   c = g4dn.counts()
   assert (c.events, c.adds, c.removes, c.ids) == (153, 79, 74, 79)
@@ -69,14 +63,12 @@ def test_g4dn_statistics_and_the_mean_convention(g4dn):
   assert round(g4dn.mean_live(), 1) == 12.6
 
 
-@needs_traces
 def test_crlf_and_lf_parse_alike(p3):
   raw = (TRACES / "bamboo" / "p3-trace.csv").read_bytes().decode()
   assert "\r\n" in raw
   assert parse_bamboo(raw.replace("\r\n", "\n")).events == p3.events
 
 
-@needs_traces
 @pytest.mark.parametrize("name", sorted(PARCAE))
 def test_parcae_segment_statistics(name):
   t = parcae(name)
@@ -88,7 +80,6 @@ def test_parcae_segment_statistics(name):
   assert load_trace(str(TRACES / "parcae" / f"trace_{name}.txt")).events == t.events
 
 
-@needs_traces
 @pytest.mark.parametrize("name", sorted(PARCAE))
 def test_parcae_segments_are_windows_of_p3(p3, name):
   """Tenths of an hour for three files; `ll_10_11` is hours 10-11, not 1.0-1.1."""
@@ -102,7 +93,6 @@ def test_parcae_segments_are_windows_of_p3(p3, name):
     assert tenths.live_at(0) != t.live_at(0)
 
 
-@needs_traces
 def test_segment_invariants(p3):
   start, end = 2.5 * HOUR, 4.5 * HOUR
   seg = p3.segment(start, end)
@@ -114,7 +104,6 @@ def test_segment_invariants(p3):
   assert all(0 <= e.t < seg.end for e in seg.events)
 
 
-@needs_traces
 def test_sample_keeps_whole_histories_and_is_seeded(p3):
   half = p3.sample(0.5, seed=3)
   assert half.counts().ids == round(0.5 * 177)
@@ -126,7 +115,6 @@ def test_sample_keeps_whole_histories_and_is_seeded(p3):
   assert half.max_live() <= p3.max_live()
 
 
-@needs_traces
 def test_scale_time_and_cap(p3):
   fast = p3.scale_time(0.01)
   assert fast.end == pytest.approx(p3.end * 0.01) and fast.counts() == p3.counts()
