@@ -60,11 +60,18 @@ def _swiglu_bwd(res, dh):
 swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
-def swiglu_mlp(p, x):
-  """SwiGLU MLP: `x [..., d]` with w_gate/w_up `[d, f]`, w_down `[f, d]`."""
-  gate = token_matmul(x, p["w_gate"])
-  up = token_matmul(x, p["w_up"])
-  return token_matmul(swiglu(gate, up), p["w_down"])
+def swiglu_mlp(p, x, adapters=None):
+  """SwiGLU MLP: `x [..., d]` with w_gate/w_up `[d, f]`, w_down `[f, d]`; `adapters`: this
+  layer's LoRA adapters (`models.lora.layer_adapters`; the `("mlp", name)` entries apply)."""
+  if not adapters:
+    gate = token_matmul(x, p["w_gate"])
+    up = token_matmul(x, p["w_up"])
+    return token_matmul(swiglu(gate, up), p["w_down"])
+  from jaxrl_sys.models.lora import adapted_matmul  # pylint: disable=import-outside-toplevel
+  ad = lambda name: adapters.get(("mlp", name))  # noqa: E731
+  gate = adapted_matmul(x, p["w_gate"], ad("w_gate"))
+  up = adapted_matmul(x, p["w_up"], ad("w_up"))
+  return adapted_matmul(swiglu(gate, up), p["w_down"], ad("w_down"))
 
 
 def masked_attention(q, k, v, mask, scale: float):

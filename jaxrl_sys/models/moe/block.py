@@ -119,10 +119,22 @@ def resolve_implementation(implementation: str, tokens: int, num_experts: int) -
                                     slots_max_rows=moe_slots.DENSE_FALLBACK_ROWS)
 
 
-def routed_experts(p: dict, x: jax.Array, routing: moe_routing.Routing, m: MoEConfig) -> jax.Array:
-  """Runs the routed experts of one layer with `m.implementation`. `x [tokens, D]` -> same."""
+def routed_experts(p: dict, x: jax.Array, routing: moe_routing.Routing, m: MoEConfig,
+                   adapters: dict | None = None) -> jax.Array:
+  """Runs the routed experts of one layer with `m.implementation`. `x [tokens, D]` -> same.
+
+  `adapters`: LoRA adapters of the experts' weights by name (`w_gate`, `w_up`, `w_down`; each
+  a `models.lora.Adapter` with a leading expert axis), or None. The "slots" and "segments"
+  paths have none: with adapters, "auto" runs "blocked" where it would run them."""
   w = {k: p[k] for k in ("w_gate", "w_up", "w_down")}
   impl = resolve_implementation(m.implementation, x.shape[0], m.num_experts)
+  if adapters:
+    from jaxrl_sys.models.lora import NO_EXPERT_ADAPTERS  # pylint: disable=import-outside-toplevel
+    if impl in NO_EXPERT_ADAPTERS:
+      if m.implementation != "auto":
+        raise ValueError(f"MoEConfig.implementation={m.implementation!r} has no expert adapters")
+      impl = "blocked"
+    return _adapted_experts(impl, w, x, routing, m, adapters)
   if impl == "dense":
     return moe_experts.dense_experts(w, x, routing.experts, routing.gates)
   if impl == "slots":
@@ -144,9 +156,45 @@ def routed_experts(p: dict, x: jax.Array, routing: moe_routing.Routing, m: MoECo
       expert_axis=m.expert_axis, dispatch=m.ep_dispatch)
 
 
-def _shared(p: dict, x: jax.Array, m: MoEConfig) -> jax.Array:
+def _adapted_experts(impl: str, w: dict, x: jax.Array, routing: moe_routing.Routing,
+                     m: MoEConfig, adapters: dict) -> jax.Array:
+  """`routed_experts` with expert adapters: the dense reference, blocked, ragged (grouped
+  matmul) or expert-parallel path with the adapter terms beside each expert matmul."""
+  r = routing
+  if impl == "dense":
+    return moe_experts.dense_experts(w, x, r.experts, r.gates, adapters)
+  if impl == "blocked":
+    return moe_blocked.blocked_experts(w, x, r.experts, r.gates, r.active, adapters=adapters)
+  if impl == "ragged":
+    return moe_experts.ragged_experts(w, x, r.experts, r.gates, r.active, m.grouped_matmul_impl,
+                                      adapters)
+  from jaxrl_sys.sharding import expert_parallel  # pylint: disable=import-outside-toplevel
+  # The adapters' A and B go through the shard_map with the weights (leading expert axis);
+  # the dropout keys stay outside (replicated: the same mask pattern on every device).
+  names = sorted(adapters)
+  wl = dict(w, **{f"lora_{n}_{ab}": getattr(adapters[n], ab) for n in names for ab in "ab"})
+
+  def expert_fn(wl, rows, sizes):
+    ad = {n: adapters[n]._replace(a=wl[f"lora_{n}_a"], b=wl[f"lora_{n}_b"]) for n in names}
+    base = {k: wl[k] for k in ("w_gate", "w_up", "w_down")}
+    return moe_experts.swiglu_grouped(base, rows, sizes, m.grouped_matmul_impl, ad)
+
+  return expert_parallel.expert_parallel_experts(
+      wl, x, r.experts, r.gates, r.active, expert_fn=expert_fn, expert_axis=m.expert_axis,
+      dispatch=m.ep_dispatch)
+
+
+def _shared(p: dict, x: jax.Array, m: MoEConfig, adapters: dict | None = None) -> jax.Array:
   dt = x.dtype
   s = p["shared"]
+  if adapters:
+    from jaxrl_sys.models.lora import adapted_matmul  # pylint: disable=import-outside-toplevel
+    g = adapted_matmul(x, s["w_gate"], adapters.get("w_gate"))
+    u = adapted_matmul(x, s["w_up"], adapters.get("w_up"))
+    y = adapted_matmul(jax.nn.silu(g) * u, s["w_down"], adapters.get("w_down"))
+    if m.shared_expert_gate:
+      y = y * jax.nn.sigmoid(x @ p["shared_gate"].astype(dt))
+    return y
   h = jax.nn.silu(x @ s["w_gate"].astype(dt)) * (x @ s["w_up"].astype(dt))
   y = h @ s["w_down"].astype(dt)
   if m.shared_expert_gate:
@@ -155,7 +203,8 @@ def _shared(p: dict, x: jax.Array, m: MoEConfig) -> jax.Array:
 
 
 def moe_block(p: dict, h: jax.Array, config: ModelConfig, lstate: MoEState | None = None, *,
-              token_mask: jax.Array | None = None) -> tuple[jax.Array, dict]:
+              token_mask: jax.Array | None = None,
+              adapters: dict | None = None) -> tuple[jax.Array, dict]:
   """One MoE feed-forward layer.
 
   Args:
@@ -164,6 +213,8 @@ def moe_block(p: dict, h: jax.Array, config: ModelConfig, lstate: MoEState | Non
     config: model config with `moe` set (static).
     lstate: this layer's `MoEState` slice (bias `[E]`, q `[E]`), or None (zeros).
     token_mask: `[batch, seq]` 1 for real tokens, 0 for padding (default all real).
+    adapters: this layer's LoRA adapters (`models.lora.layer_adapters`: the `("moe", ...)`
+      entries apply to the routed and shared experts), or None. The router is never adapted.
 
   Returns:
     (out `[batch, seq, D]` in h's dtype, aux) with aux float32 entries
@@ -185,9 +236,13 @@ def moe_block(p: dict, h: jax.Array, config: ModelConfig, lstate: MoEState | Non
       routed_scaling_factor=m.routed_scaling_factor, balancing=m.balancing,
       bias=None if lstate is None else lstate.bias, q=None if lstate is None else lstate.q,
       bip_iterations=m.bip_iterations, bip_rule=m.bip_rule, capacity_factor=m.capacity_factor)
-  out = routed_experts(p, x, routing, m)
+  routed_ad = shared_ad = None
+  if adapters:
+    from jaxrl_sys.models import lora  # pylint: disable=import-outside-toplevel
+    routed_ad, shared_ad = lora.routed(adapters), lora.shared(adapters)
+  out = routed_experts(p, x, routing, m, routed_ad)
   if m.shared_width:
-    out = out + _shared(p, x, m)
+    out = out + _shared(p, x, m, shared_ad)
   aux_loss = jnp.zeros((), jnp.float32)
   if m.balancing == "aux_loss":
     aux_loss = m.aux_loss_coef * moe_routing.switch_aux_loss(scores, routing, valid,

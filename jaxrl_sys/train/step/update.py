@@ -59,7 +59,8 @@ class Accum(NamedTuple):
   grads: parameter-shaped float32 sum of numerator gradients; denominator: float32 `[]`;
   sums: dict of float32 `[]` (token-weighted metric sums, `num_tokens`, `pg_numerator`, ...);
   lse_w / lse_w2: running logsumexp of the sequence log importance weights (and twice them)
-  for the ESS; moe_aux: summed MoE auxiliary statistics (None for a dense model).
+  for the ESS; moe_aux: summed MoE auxiliary statistics (None for a dense model); micro: int32
+  `[]` micro-batches accumulated (seeds the adapters' dropout per micro-batch).
   """
   grads: Any
   denominator: jax.Array
@@ -67,6 +68,7 @@ class Accum(NamedTuple):
   lse_w: jax.Array
   lse_w2: jax.Array
   moe_aux: Any
+  micro: Any = 0
 
 
 def _moe():
@@ -102,16 +104,18 @@ score_window.defvjp(_score_window_fwd, _score_window_bwd)
 
 
 def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig, batch: TrainBatch,
-                   moe_state=None):
-  """Log-probs and entropy of `batch.targets` under `params`, on the scoring window only (no
-  logits at the prompt positions before it).
+                   moe_state=None, lora=None, lora_rng=None):
+  """Log-probs and entropy of `batch.targets` under `params` (with LoRA `lora` adapters beside
+  them, dropout drawn from `lora_rng`), on the scoring window only (no logits at the prompt
+  positions before it).
 
   Returns:
     (logprobs `[rows, W]` float32, entropy `[rows, W]` float32, MoE aux dict).
   """
   out = forward(params, model_config, batch.tokens, attention_mask=batch.attention_mask,
                 moe_state=moe_state,
-                unroll_layers=model_config.num_layers <= train_config.unroll_layers_max)
+                unroll_layers=model_config.num_layers <= train_config.unroll_layers_max,
+                lora=lora, lora_rng=lora_rng)
   rows, t, d = out.hidden.shape
   w = batch.targets.shape[1]
   hidden = out.hidden if w == t else score_window(out.hidden, batch.score_start, w)
@@ -122,17 +126,33 @@ def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig,
   return lp.reshape(rows, w), ent.reshape(rows, w), out.aux
 
 
+def _lora_rng(state: TrainState, micro: jax.Array, model_config: ModelConfig):
+  """The adapters' dropout key of one micro-batch (None without LoRA dropout)."""
+  if model_config.lora is None or not model_config.lora.dropout:
+    return None
+  return jax.random.fold_in(jax.random.fold_in(state.rng, state.step), micro)
+
+
 def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelConfig,
-                train_config: TrainConfig):
+                train_config: TrainConfig, micro=0):
+  """`params`: what is differentiated (the model's parameters, or with LoRA the adapters
+  beside the frozen `state.base`)."""
   tc = train_config
   fn = token_logprobs
   if tc.remat:
     fn = jax.checkpoint(token_logprobs, static_argnums=(1, 2))
-  lp, ent, moe_aux = fn(params, model_config, tc, mb, state.moe_state)
+  if state.base is None:
+    lp, ent, moe_aux = fn(params, model_config, tc, mb, state.moe_state)
+  else:
+    lp, ent, moe_aux = fn(state.base, model_config, tc, mb, state.moe_state, params,
+                          _lora_rng(state, micro, model_config))
   mask = mb.loss_mask
   ref = None
   if state.ref_params is not None:
     ref, _, _ = token_logprobs(state.ref_params, model_config, tc, mb, state.moe_state)
+    ref = jax.lax.stop_gradient(ref)
+  elif state.base is not None and tc.uses_reference:  # LoRA: the reference is the base itself
+    ref, _, _ = token_logprobs(state.base, model_config, tc, mb, state.moe_state)
     ref = jax.lax.stop_gradient(ref)
   prox = jax.lax.stop_gradient(lp)
   out = policy_loss(lp, prox, mb.advantages, mask, config=tc.loss, ref_logprobs=ref,
@@ -157,8 +177,9 @@ def init_accum(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
   moe_aux = None
   if model_config.moe is not None:
+    params, lora = state.policy
     shapes = jax.eval_shape(lambda p, b: token_logprobs(p, model_config, train_config, b,
-                                                        state.moe_state)[2], state.params, mb)
+                                                        state.moe_state, lora)[2], params, mb)
     moe_aux = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
   keys = _TOKEN_MEANS + ("loss_numerator", "num_tokens", "num_sequences", "pg_numerator",
                          "off_policy_tokens", "staleness_sum")
@@ -166,7 +187,8 @@ def init_accum(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
   sums["ratio_max"] = jnp.zeros([], jnp.float32)
   sums["mismatch_max"] = jnp.zeros([], jnp.float32)
   ninf = jnp.full([], -jnp.inf, jnp.float32)
-  return Accum(zeros, jnp.zeros([], jnp.float32), sums, ninf, ninf, moe_aux)
+  return Accum(zeros, jnp.zeros([], jnp.float32), sums, ninf, ninf, moe_aux,
+               jnp.zeros([], jnp.int32))
 
 
 def accumulate(state: TrainState, acc: Accum, mb: TrainBatch, *, model_config: ModelConfig,
@@ -174,7 +196,7 @@ def accumulate(state: TrainState, acc: Accum, mb: TrainBatch, *, model_config: M
   """Adds one micro-batch `[rows, T]` to the running sums (pure)."""
   grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
   (numerator, (aux, den, log_w, moe_aux)), grads = grad_fn(state.params, state, mb, model_config,
-                                                            train_config)
+                                                            train_config, acc.micro)
   grads = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc.grads, grads)
   valid = mb.loss_mask != 0
   ntok = aux["num_tokens"].astype(jnp.float32)
@@ -201,7 +223,7 @@ def accumulate(state: TrainState, acc: Accum, mb: TrainBatch, *, model_config: M
     # Loads and counts add up over the step; state-like entries (BIP duals "q") keep the latest.
     new_aux = {k: moe_aux[k].astype(v.dtype) + (0 if k in _MOE_LATEST else v)
                for k, v in acc.moe_aux.items()}
-  return Accum(grads, acc.denominator + den, sums, lse_w, lse_w2, new_aux)
+  return Accum(grads, acc.denominator + den, sums, lse_w, lse_w2, new_aux, acc.micro + 1)
 
 
 def apply(state: TrainState, acc: Accum, *, model_config: ModelConfig, train_config: TrainConfig,
@@ -243,7 +265,8 @@ def apply(state: TrainState, acc: Accum, *, model_config: ModelConfig, train_con
     metrics["learning_rate"] = schedule(state.step) * lr_scale
   metrics.update(moe_metrics)
   new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
-                         ref_params=state.ref_params, moe_state=moe_state, rng=state.rng)
+                         ref_params=state.ref_params, moe_state=moe_state, rng=state.rng,
+                         base=state.base)
   return new_state, metrics
 
 
@@ -332,20 +355,40 @@ def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimiz
   sh = state_shardings(abstract, model_config, optimizer, mesh, rules)
   rep = NamedSharding(mesh, P())
   acc_sh = Accum(grads=sh.params, denominator=rep, sums=rep, lse_w=rep, lse_w2=rep,
-                 moe_aux=None if model_config.moe is None else rep)
+                 moe_aux=None if model_config.moe is None else rep, micro=rep)
   kw = dict(model_config=model_config, train_config=train_config)
   opt = dict(optimizer=optimizer, schedule=schedule)
-
-  def _step(state, batch):
-    return train_step(state, batch, **kw, **opt)
-
-  def _init(state, mb):
-    return init_accum(state, mb, **kw)
-
-  def _acc(state, acc, mb):
-    return accumulate(state, acc, mb, **kw)
-
   d = (lambda *a: a) if donate else (lambda *a: ())
+  # The LoRA base is its own argument of every program: never donated (the rollout engine may
+  # hold the same arrays) and never an output (no copy); `call` hands the input's back.
+  no_base = sh._replace(base=None)
+
+  def _step(rest, base, batch):
+    state, metrics = train_step(rest._replace(base=base), batch, **kw, **opt)
+    return state._replace(base=None), metrics
+
+  def _init(rest, base, mb):
+    return init_accum(rest._replace(base=base), mb, **kw)
+
+  def _acc(rest, base, acc, mb):
+    return accumulate(rest._replace(base=base), acc, mb, **kw)
+
+  step_jit = jax.jit(_step, out_shardings=(no_base, rep), donate_argnums=d(0))
+  init_jit = jax.jit(_init, out_shardings=acc_sh)
+  acc_jit = jax.jit(_acc, out_shardings=acc_sh, donate_argnums=d(2))
+
+  def step(state, batch):
+    rest, metrics = step_jit(state._replace(base=None), state.base, batch)
+    return rest._replace(base=state.base), metrics
+  step.lower = lambda state, batch: step_jit.lower(state._replace(base=None), state.base, batch)
+
+  def init(state, mb):
+    return init_jit(state._replace(base=None), state.base, mb)
+  init.lower = lambda state, mb: init_jit.lower(state._replace(base=None), state.base, mb)
+
+  def acc(state, acc, mb):
+    return acc_jit(state._replace(base=None), state.base, acc, mb)
+  acc.lower = lambda state, a, mb: acc_jit.lower(state._replace(base=None), state.base, a, mb)
 
   def _params_last(fn):
     # The parameters are not donated (the in-memory weight store hands them to the rollout
@@ -353,21 +396,20 @@ def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimiz
     # outputs of the same shape in output order, so the new parameters go last: the optimizer
     # moments and the reference weights then update their own buffers in place, where new
     # parameters listed first would take the moments' buffers and force a copy of each.
-    def run(rest, params, x):
-      state, metrics = fn(rest._replace(params=params), x, **kw, **opt)
-      return state._replace(params=None), state.params, metrics
-    out_sh = (sh._replace(params=None), sh.params, rep)
+    def run(rest, params, base, x):
+      state, metrics = fn(rest._replace(params=params, base=base), x, **kw, **opt)
+      return state._replace(params=None, base=None), state.params, metrics
+    out_sh = (sh._replace(params=None, base=None), sh.params, rep)
     jitted = jax.jit(run, out_shardings=out_sh, donate_argnums=d(0))
 
+    def args(state):
+      return state._replace(params=None, base=None), state.params, state.base
+
     def call(state, x):
-      rest, params, metrics = jitted(state._replace(params=None), state.params, x)
-      return rest._replace(params=params), metrics
-    call.lower = lambda state, x: jitted.lower(state._replace(params=None), state.params, x)
+      rest, params, metrics = jitted(*args(state), x)
+      return rest._replace(params=params, base=state.base), metrics
+    call.lower = lambda state, x: jitted.lower(*args(state), x)
     return call
 
-  return TrainFns(
-      step=jax.jit(_step, out_shardings=(sh, rep), donate_argnums=d(0)),
-      init_accum=jax.jit(_init, out_shardings=acc_sh),
-      accumulate=jax.jit(_acc, out_shardings=acc_sh, donate_argnums=d(1)),
-      apply=_params_last(apply), fused_step=_params_last(fused_step),
-      shardings=sh, mesh=mesh, rules=rules)
+  return TrainFns(step=step, init_accum=init, accumulate=acc, apply=_params_last(apply),
+                  fused_step=_params_last(fused_step), shardings=sh, mesh=mesh, rules=rules)
