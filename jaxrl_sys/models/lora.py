@@ -7,7 +7,7 @@ holds `{"a": A, "b": B}` at the same path (L layers, E experts, r the rank):
 
   attn.wq        a [L, D, r]       b [L, r, Hq, Dh]     (wk, wv: Hkv heads)
   attn.wo        a [L, Hq, Dh, r]  b [L, r, D]
-  mlp.w_gate     a [L, D, r]       b [L, r, F]          (w_up alike; w_down: a [L, F, r], b [L, r, D])
+  mlp.w_gate     a [L, D, r]       b [L, r, F]          (w_up alike; w_down a [L, F, r])
   moe.w_gate     a [L, E, D, r]    b [L, E, r, F]       (routed experts: one pair per expert)
   moe.shared.*   as mlp.* with the shared expert's width
 
