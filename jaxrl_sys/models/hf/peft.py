@@ -35,18 +35,24 @@ _MODULES = {("attn", "wq"): "self_attn.q_proj", ("attn", "wk"): "self_attn.k_pro
 _PREFIX = "base_model.model.model.layers.{}."
 
 
+def check_peft_targets(config: ModelConfig) -> tuple[tuple[str, ...], ...]:
+  """The adapted weight paths, or ValueError when PEFT has no module for one of them."""
+  paths = lora_lib.target_paths(config)
+  bad = [".".join(p) for p in paths if p not in _MODULES]
+  if bad:
+    raise ValueError(f"--export_peft: no Hugging Face module takes the adapters of {bad} "
+                     "(transformers fuses an MoE layer's experts into one parameter); export "
+                     "the merged model with --export_hf, or train adapters on attention only")
+  return paths
+
+
 def peft_tensors(config: ModelConfig, lora: Any, dtype: str = "float32") -> dict[str, np.ndarray]:
   """The PEFT tensor names and arrays (`[r, in]` A, `[out, r]` B) of `lora`.
 
   Raises:
     ValueError: adapters on weights PEFT has no module for (routed or shared experts).
   """
-  paths = lora_lib.target_paths(config)
-  bad = [".".join(p) for p in paths if p not in _MODULES]
-  if bad:
-    raise ValueError(f"PEFT export: no Hugging Face module takes the adapters of {bad} "
-                     "(transformers fuses an MoE layer's experts into one parameter); export "
-                     "the merged model with --export_hf, or train adapters on attention only")
+  paths = check_peft_targets(config)
   host = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(lora))
   out = {}
   for path in paths:

@@ -41,6 +41,7 @@ import jax
 import numpy as np
 
 from jaxrl_sys.models import kv_cache as kvc
+from jaxrl_sys.models import lora as lora_lib
 from jaxrl_sys.models.config import ModelConfig
 from jaxrl_sys.rollout.engine import slots
 from jaxrl_sys.rollout.engine.config import EngineConfig, EngineStats
@@ -55,10 +56,12 @@ class Engine:
 
   def __init__(self, model_config: ModelConfig, params: Any, config: EngineConfig = EngineConfig(),
                version: int = 0, on_chunk: Callable[[list[TokenChunk]], None] | None = None,
-               moe_state: Any = None):
+               moe_state: Any = None, base: Any = None):
     """`moe_state` is the policy's MoE balancing state (`models.moe.MoEState`: the routing
     biases of aux-free / BIP balancing steer top-k selection, so rollout must use the trainer's);
-    None means zeros for an MoE model."""
+    None means zeros for an MoE model. With LoRA (`model_config.lora`), `params` are the
+    adapters and `base` the frozen base they apply to: the engine runs `x @ W + s (x @ A) @ B`
+    (or, with `lora.merge`, the base merged with the adapters once per version)."""
     if config.max_len > model_config.max_seq_len:
       raise ValueError(f"EngineConfig.max_len={config.max_len} exceeds the model's max_seq_len="
                        f"{model_config.max_seq_len}")
@@ -66,6 +69,14 @@ class Engine:
     self.params, self.version = params, int(version)
     self.moe_state = self._moe_state(moe_state)
     self._param_shapes = _shapes((params, self.moe_state))
+    if (model_config.lora is None) != (base is None):
+      raise ValueError("Engine: with LoRA (model_config.lora) give the adapters as params and "
+                       "the frozen base as base=; without LoRA give no base")
+    if base is not None:
+      lora_lib.check_lora(model_config, params)
+    self.base = base
+    self._base_shapes = None if base is None else _shapes(base)
+    self._run = self._forward_weights()
     s = config.num_slots
     dtype = None if config.cache_dtype is None else jax.numpy.dtype(config.cache_dtype)
     self.cache = kvc.init_cache(model_config, s, config.max_len, dtype)
@@ -192,16 +203,32 @@ class Engine:
       return moe.init_moe_state(self.model_config)
     return moe_state
 
-  def set_weights(self, params: Any, version: int, moe_state: Any = None) -> None:
-    """Uses `params` (same structure, shapes and dtypes) and `moe_state` (MoE models; None =
-    zeros) for every token generated from now on; those tokens carry `version`. Running
-    requests keep their KV unless `config.recompute_kv_on_swap`, which re-queues them first to
-    be re-prefilled."""
+  def _forward_weights(self) -> tuple[Any, Any]:
+    """(parameters, adapters) the slot functions run: the params and None without LoRA; the
+    base and the adapters (unmerged); the merged base and None (`lora.merge`)."""
+    if self.base is None:
+      return self.params, None
+    if self.model_config.lora.merge:
+      return lora_lib.merge_lora(self.base, self.params, config=self.model_config), None
+    return self.base, self.params
+
+  def set_weights(self, params: Any, version: int, moe_state: Any = None, base: Any = None) -> None:
+    """Uses `params` (same structure, shapes and dtypes; with LoRA the adapters) and
+    `moe_state` (MoE models; None = zeros) for every token generated from now on; those tokens
+    carry `version`; with LoRA a new `base` (same shapes) replaces the frozen base (None: keep
+    it). Running requests keep their KV unless `config.recompute_kv_on_swap`, which re-queues
+    them first to be re-prefilled."""
     moe_state = self._moe_state(moe_state)
     if _shapes((params, moe_state)) != self._param_shapes:
       raise ValueError("set_weights: params differ in structure, shape or dtype from the "
                        "engine's (this would recompile every function)")
+    if base is not None:
+      if self.base is None or _shapes(base) != self._base_shapes:
+        raise ValueError("set_weights: the base differs in structure, shape or dtype from the "
+                         "engine's (or the engine runs no LoRA model)")
+      self.base = base
     self.params, self.version, self.moe_state = params, int(version), moe_state
+    self._run = self._forward_weights()
     self._prefix = [None] * self.config.num_slots  # new admissions prefill with the new weights
     if self.config.recompute_kv_on_swap:
       running = [self._req[s] for s in np.flatnonzero(self._live)]
@@ -237,9 +264,9 @@ class Engine:
 
   def _decode(self, rows: int, width: int, live):
     c = self.config
-    out = self._call(slots.decode, self.params, self.cache, self._pending[:rows],
+    out = self._call(slots.decode, self._run[0], self.cache, self._pending[:rows],
                      self._keys[:rows], self._index[:rows], self._budget[:rows], live,
-                     self.moe_state, config=self.model_config, sampling=c.sampling,
+                     self.moe_state, self._run[1], config=self.model_config, sampling=c.sampling,
                      num_steps=c.stream_every, width=width)
     self.cache = out[0]
     return out[1:]
@@ -271,9 +298,10 @@ class Engine:
     todo = variants[done:] if limit is None else variants[done:done + limit]
     for kind, a, b in todo:
       if kind == "prefill":
-        self.cache = self._call(slots.prefill, self.params, self.cache, np.zeros((b, a), np.int32),
-                                np.zeros((b,), np.int32), np.full((b,), n, np.int32),
-                                self.moe_state, config=self.model_config)
+        self.cache = self._call(slots.prefill, self._run[0], self.cache,
+                                np.zeros((b, a), np.int32), np.zeros((b,), np.int32),
+                                np.full((b,), n, np.int32), self.moe_state, self._run[1],
+                                config=self.model_config)
       elif kind == "copy":
         self.cache = self._call(slots.copy_prefix, self.cache, np.zeros((n,), np.int32),
                                 np.full((n,), n, np.int32), np.zeros((n,), np.int32), t=a)
@@ -337,8 +365,8 @@ class Engine:
       dst = np.full((b,), c.num_slots, np.int32)
       for j, (q, s) in enumerate(part):
         toks[j, :len(q)], lens[j], dst[j] = q, len(q), s
-      self.cache = self._call(slots.prefill, self.params, self.cache, toks, lens, dst,
-                              self.moe_state, config=self.model_config)
+      self.cache = self._call(slots.prefill, self._run[0], self.cache, toks, lens, dst,
+                              self.moe_state, self._run[1], config=self.model_config)
       self.stats.prefill_calls += 1
       self.stats.prefill_rows += len(part)
       self.stats.prefill_tokens += int(lens.sum())

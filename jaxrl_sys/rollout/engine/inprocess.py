@@ -32,11 +32,12 @@ class InProcessRollout:
   @classmethod
   def create(cls, model_config: ModelConfig, params: Any, engine_config: EngineConfig | None = None,
              version: int = 0, on_chunk: Callable[[list[TokenChunk]], None] | None = None,
-             moe_state: Any = None) -> "InProcessRollout":
+             moe_state: Any = None, base: Any = None) -> "InProcessRollout":
     """Builds the engine and the client. `on_chunk` receives every streamed chunk list;
-    `moe_state` is the policy's MoE balancing state (None: dense model, or zeros)."""
+    `moe_state` is the policy's MoE balancing state (None: dense model, or zeros); with LoRA
+    `params` are the adapters and `base` the frozen base."""
     return cls(Engine(model_config, params, engine_config or EngineConfig(), version=version,
-                      on_chunk=on_chunk, moe_state=moe_state))
+                      on_chunk=on_chunk, moe_state=moe_state, base=base))
 
   def submit(self, requests: Sequence[Request]) -> None:
     """Queues requests (fresh or partial); never generates."""
@@ -64,10 +65,15 @@ class InProcessRollout:
     finished but not yet polled stay available to `poll()`."""
     return self.engine.abort(request_ids)
 
-  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
+  def publish(self, params: Any, version: int, moe_state: Any = None, base: Any = None) -> None:
     """Tokens generated from now on use `params` (and `moe_state`, an MoE policy's routing
-    biases; None = zeros) and carry `version`."""
-    self.engine.set_weights(params, version, moe_state)
+    biases; None = zeros) and carry `version`. With LoRA `params` are the adapters and `base`
+    (a `rollout.weights.BaseWeights`, or the base's arrays; None: the engine's) the frozen
+    base."""
+    arrays = getattr(base, "params", base)
+    if arrays is not None and arrays is self.engine.base:
+      arrays = None
+    self.engine.set_weights(params, version, moe_state, arrays)
 
   def num_pending(self) -> int:
     """Requests submitted and not yet returned by `poll()` or `abort()`."""

@@ -58,7 +58,7 @@ def _write_prefix(cache: kvc.KVCache, k, v, lengths, dst) -> kvc.KVCache:
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
-def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, moe_state=None, *,
+def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, moe_state=None, lora=None, *,
             config: ModelConfig) -> kvc.KVCache:
   """Prefills a block of right-padded sequences and writes each into one slot.
 
@@ -69,6 +69,7 @@ def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, moe_state=None, *,
     lengths: `[batch]` int32 real length of each row (0 allowed: resets the slot).
     dst: `[batch]` int32 destination slot per row; `num_slots` for padding rows.
     moe_state: the policy's MoE balancing state (routing biases), or None (dense / zeros).
+    lora: LoRA adapters applied beside `params` (`config.lora`), or None.
     config: model config (static).
 
   Returns:
@@ -77,7 +78,8 @@ def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, moe_state=None, *,
   b, t = tokens.shape
   mask = (jnp.arange(t)[None, :] < lengths[:, None]).astype(jnp.int32)
   tmp = kvc.init_cache(config, b, t, dtype=cache.k.dtype)
-  out = forward(params, config, tokens, attention_mask=mask, cache=tmp, moe_state=moe_state)
+  out = forward(params, config, tokens, attention_mask=mask, cache=tmp, moe_state=moe_state,
+                lora=lora)
   return _write_prefix(cache, out.cache.k, out.cache.v, lengths, dst)
 
 
@@ -103,8 +105,9 @@ def copy_prefix(cache: kvc.KVCache, src, dst, lengths, *, t: int) -> kvc.KVCache
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "num_steps", "width"),
                    donate_argnames=("cache",))
-def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_state=None, *,
-           config: ModelConfig, sampling: SamplingConfig, num_steps: int, width: int):
+def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_state=None,
+           lora=None, *, config: ModelConfig, sampling: SamplingConfig, num_steps: int,
+           width: int):
   """Runs up to `num_steps` decode steps over slots `[0, rows)` (rows = `pending.shape[0]`),
   attending over cache slots `[0, width)`; stops early when no slot is live.
 
@@ -122,6 +125,7 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
     budget: `[rows]` int32 tokens the slot may still generate (>= 1 for live slots).
     live: `[rows]` bool slots that generate.
     moe_state: the policy's MoE balancing state (routing biases), or None (dense / zeros).
+    lora: LoRA adapters applied beside `params` (`config.lora`), or None.
     config, sampling: static configs; `sampling.max_new_tokens` is ignored (budget is per slot).
     num_steps: static chunk length.
     width: static attention window (cache slots), >= write_pos + min(budget, num_steps) of
@@ -144,7 +148,7 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
   def body(c):
     step, cache, tok, idx, budget, live, stopped, out_tok, out_lp, count = c
     out = forward(params, config, tok[:, None], attention_mask=live[:, None], cache=cache,
-                  moe_state=moe_state, kv_window=width)
+                  moe_state=moe_state, kv_window=width, lora=lora)
     logits = logits_from_hidden(params, config, out.hidden[:, 0])
     new, lp = sample_tokens(logits, keys, idx, sampling)
     out_tok = out_tok.at[:, step].set(jnp.where(live, new, 0))

@@ -79,10 +79,15 @@ class ManagerCore:
     self.stats.submitted += len(batch)
     self.last_progress = now
 
-  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
+  def publish(self, params: Any, version: int, moe_state: Any = None, base: Any = None) -> None:
     """Publishes `version` to the store; each worker pulls it at its next exchange (once the
-    store has committed it) and serves it from then on."""
-    self.store.publish(int(version), params, moe_state)
+    store has committed it) and serves it from then on. With LoRA, `params` are the adapters
+    and `base` the `rollout.weights.BaseWeights` they apply to (the store keeps one copy; a
+    worker pulls it once)."""
+    if base is None:
+      self.store.publish(int(version), params, moe_state)
+    else:
+      self.store.publish(int(version), params, moe_state, base=base)
     self.latest = int(version)
     self.last_progress = self.clock.now()
     self.events.append((self.clock.now(), "publish", "", str(version)))
@@ -289,6 +294,10 @@ class ManagerCore:
       self.events.append((now, "pulled", rep.worker_id, f"v{version} in {seconds:.3f}s"))
     for version, message in rep.failed_pulls:
       self._pull_failed(ws, int(version), message)
+    for _, nbytes in rep.pulled_bytes:
+      self.stats.pull_bytes += int(nbytes)
+    for note in rep.notes:
+      self.events.append((now, "note", rep.worker_id, note))
     for rid, message in rep.rejected:
       st = self.requests.get(rid)
       if st is not None and st.owner == rep.worker_id:

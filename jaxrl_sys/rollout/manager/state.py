@@ -22,7 +22,8 @@ class ManagerStats:
   tokens those requests carried (decode work not redone), `tokens_discarded` those an ablation
   threw away; `balanced`: requests moved between
   live workers by the balancer or an evacuation; `tokens_local`: tokens from workers on the
-  trainer's devices; `pull_seconds`: each completed weight pull."""
+  trainer's devices; `pull_seconds`: each completed weight pull; `pull_bytes`: the bytes
+  workers pulled (with LoRA: adapters, plus the base for a worker that lacked it)."""
   submitted: int = 0
   completed: int = 0
   aborted: int = 0
@@ -36,6 +37,7 @@ class ManagerStats:
   lost: int = 0
   ignored_chunks: int = 0
   ignored_reports: int = 0
+  pull_bytes: int = 0
   pull_seconds: list = dataclasses.field(default_factory=list)
 
   def counters(self) -> dict[str, int]:

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_sys.models import ModelConfig
+from jaxrl_sys.models import ModelConfig, lora
+from jaxrl_sys.rollout.weights import BaseWeights
 from jaxrl_sys.tasks import score_completions
 from jaxrl_sys.train.loop.config import LoopConfig
 from jaxrl_sys.train.loop.groups import group_requests
@@ -23,7 +24,7 @@ _EVAL_GROUP_OFFSET = 1 << 24  # request ids far from the training ones (keys dif
 
 def evaluate(params: Any, config: ModelConfig, task, tokenizer, indices: Sequence[int], *,
              loop_config: LoopConfig, samples: int = 4, seed: int = 0, client=None,
-             moe_state: Any = None, version: int = 0) -> float:
+             moe_state: Any = None, version: int = 0, base: Any = None) -> float:
   """Mean reward over `samples` completions of each problem in `indices`.
 
   Args:
@@ -39,17 +40,21 @@ def evaluate(params: Any, config: ModelConfig, task, tokenizer, indices: Sequenc
     moe_state: the policy's MoE balancing state (MoE models; None = zeros).
     version: the weight version published to the client (a reused client needs a newer one
       each call).
+    base: with LoRA (`config.lora`), the frozen base `params` (the adapters) apply to: its
+      arrays or a `rollout.weights.BaseWeights`.
 
   Returns:
     The mean reward in [0, 1].
   """
   params = jax.tree.map(jnp.copy, params)
   moe_state = None if moe_state is None else jax.tree.map(jnp.copy, moe_state)
+  if base is not None and not isinstance(base, BaseWeights):  # the frozen base: never copied
+    base = BaseWeights(lora.base_digest(base), base)
   if client is not None:
-    client.publish(params, version, moe_state)
+    client.publish(params, version, moe_state, base=base)
     return _evaluate(client, task, tokenizer, indices, loop_config, samples, seed)
   own = default_client(config, params, loop_config, tokenizer.eos_id, version, samples,
-                       moe_state=moe_state)
+                       moe_state=moe_state, base=base)
   try:
     return _evaluate(own, task, tokenizer, indices, loop_config, samples, seed)
   finally:

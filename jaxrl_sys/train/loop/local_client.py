@@ -54,10 +54,11 @@ def local_worker_count(loop: LoopConfig, num_slots: int) -> int:
 
 def default_client(model_config: ModelConfig, params, loop: LoopConfig, eos_id: int, version: int,
                    samples_per_group: int, engine_config=None, moe_state=None, *,
-                   warmup: bool = False, clock: Clock = WALL) -> RolloutClient:
+                   warmup: bool = False, clock: Clock = WALL, base=None) -> RolloutClient:
   """The embedded default: a `RolloutManager` over the in-process workers on this process's
   devices (`local_worker_count`: one `InProcessWorker`, or `ThreadWorker`s sharing the engine
-  config's slots), with the in-memory (zero-copy) weight store, serving `params` as `version`.
+  config's slots), with the in-memory (zero-copy) weight store, serving `params` as `version`
+  (with LoRA: the adapters, on `base`, a `rollout.weights.BaseWeights`).
   """
   ec = engine_config or default_engine_config(loop, samples_per_group, eos_id)
   n = local_worker_count(loop, ec.num_slots)
@@ -74,7 +75,7 @@ def default_client(model_config: ModelConfig, params, loop: LoopConfig, eos_id: 
     # an idle engine still takes half of the other's last running requests (tail balancing).
     manager = RolloutManager(workers, config=ManagerConfig(plateau_batch=part.num_slots),
                              clock=clock)
-  manager.publish(params, version, moe_state)
+  manager.publish(params, version, moe_state, base=base)
   return manager
 
 

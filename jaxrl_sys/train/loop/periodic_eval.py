@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from jaxrl_sys.models import ModelConfig
+from jaxrl_sys.models import ModelConfig, lora
+from jaxrl_sys.rollout.weights import BaseWeights
 from jaxrl_sys.train.loop.config import LoopConfig
 from jaxrl_sys.train.loop.evaluate import evaluate
 from jaxrl_sys.train.loop.local_client import default_client
@@ -44,6 +45,7 @@ class PeriodicEval:
     self.lc, self.every, self.samples, self.seed = loop_config, every, samples, seed
     self.progress = progress
     self._client = None
+    self._base = None
 
   def close(self) -> None:
     """Ends the evaluation client (its worker and weight store), if one was started."""
@@ -60,11 +62,16 @@ class PeriodicEval:
       return
     if self.progress is not None:
       self.progress.phase(f"evaluating ({len(self.indices)} prompts)")
+    base = None
+    if state.base is not None:  # LoRA: the adapters on the frozen base, named once
+      if self._base is None or self._base.params is not state.base:
+        self._base = BaseWeights(lora.base_digest(state.base), state.base)
+      base = self._base
     if self._client is None:
       # Version 0 here; each evaluation publishes the (newer) step as the version.
       self._client = default_client(self.mc, state.params, self.lc, self.tok.eos_id, 0,
-                                    self.samples, moe_state=state.moe_state)
+                                    self.samples, moe_state=state.moe_state, base=base)
     row["eval_reward"] = evaluate(state.params, self.mc, self.task, self.tok, self.indices,
                                   loop_config=self.lc, samples=self.samples, seed=self.seed,
                                   client=self._client, moe_state=state.moe_state,
-                                  version=step)
+                                  version=step, base=base)

@@ -39,10 +39,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_sys.models import ModelConfig
+from jaxrl_sys.models import ModelConfig, init_params, lora
 from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.elastic.offload import OffloadConfig, OffloadDriver, OffloadState
 from jaxrl_sys.rollout.types import RolloutClient
+from jaxrl_sys.rollout.weights import BaseWeights
 from jaxrl_sys.rollout.wire import request_to_json
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules
 from jaxrl_sys.train.step import batch as batch_lib
@@ -56,7 +57,7 @@ from jaxrl_sys.train.loop import multihost
 from jaxrl_sys.train.loop.metrics_log import (MetricsLogger, Progress, client_counters, peak_flops,
                                               rollout_metrics, train_flops_per_token)
 from jaxrl_sys.train.loop.local_client import check_lengths, default_client, extra_groups
-from jaxrl_sys.train.step.state import (TrainState, init_train_state,
+from jaxrl_sys.train.step.state import (TrainState, init_train_state, place_base,
                                         state_shardings, with_shardings)
 from jaxrl_sys.train.step.programs import train_programs
 from jaxrl_sys.train.loop.step_stats import StepStats, step_stats
@@ -96,10 +97,16 @@ def _weights(state: TrainState, rollout_dtype: str, mesh=None):
   return (params, moe) if mesh is None else multihost.localize((params, moe), mesh)
 
 
-def _publish(client, state: TrainState, version: int, rollout_dtype: str, mesh=None) -> None:
-  """Publishes `_weights(state, rollout_dtype, mesh)` as `version`."""
+def _publish(client, state: TrainState, version: int, rollout_dtype: str, mesh=None,
+             base: BaseWeights | None = None) -> int:
+  """Publishes `_weights(state, rollout_dtype, mesh)` as `version` (with LoRA: the adapters,
+  naming `base`); returns the bytes of the version's arrays (the base excluded)."""
   params, moe = _weights(state, rollout_dtype, mesh)
-  client.publish(params, version, moe)
+  if base is None:
+    client.publish(params, version, moe)
+  else:
+    client.publish(params, version, moe, base=base)
+  return lora.nbytes((params, moe))
 
 
 class RLLoop:
@@ -111,7 +118,9 @@ class RLLoop:
       bos=...)`, `decode`, `eos_id`, `pad_id`).
     mesh: the training mesh.
     init_params: callable returning the initial parameters (called only for a fresh run, so a
-      resumed run skips e.g. a supervised warm-up); None = random init from the seed.
+      resumed run skips e.g. a supervised warm-up); None = random init from the seed. With
+      LoRA (`model_config.lora`) it returns the frozen base and is called on resume too (the
+      base is not checkpointed: a checkpoint records its digest and refuses another base).
     client: a RolloutClient; default `InProcessRollout` over the published weights.
     engine_config: config of the default in-process engine.
     checkpoint: checkpoint config (directory None = no checkpoints).
@@ -162,6 +171,8 @@ class RLLoop:
     self.offload = offload
     self.driver: OffloadDriver | None = None
     self.client: RolloutClient | None = None
+    self.base_digest: str | None = None  # LoRA: `models.lora.base_digest` of the frozen base
+    self._base_weights = None
     self._last_progress = 0.0
     self.ckpt = Checkpointer(checkpoint) if checkpoint.directory else None
     self.ckpt_cfg, self.resume = checkpoint, resume
@@ -189,7 +200,37 @@ class RLLoop:
     """Asks the loop to stop after the current step (what the SIGTERM handler does)."""
     self.signals.stop.set()
 
+  def _lora_base(self) -> Any:
+    """LoRA: the frozen base (from `init_params`, fresh or resumed run) placed on the mesh in
+    its own dtype; records its digest for the checkpoints and the rollout."""
+    base = None if self._init_params is None else self._init_params()
+    if base is None:
+      base = init_params(lora.without_lora(self.mc),
+                         jax.random.fold_in(jax.random.PRNGKey(self.lc.seed), 1))
+    base = place_base(base, self.mc, self.mesh, self.rules)
+    self.base_digest = lora.base_digest(base)
+    if self.ckpt is not None:
+      self.ckpt.base_digest = self.base_digest
+    return base
+
+  def _rollout_base(self, state: TrainState) -> BaseWeights | None:
+    """The base as published to the engines (rollout dtype; cast once per run)."""
+    if state.base is None:
+      return None
+    if self._base_weights is None or self._base_weights[0] is not state.base:
+      arrays = rollout_weights(state.base, self.precision.rollout_dtype)
+      if self._publish_mesh is not None:
+        arrays = multihost.localize(arrays, self._publish_mesh)
+      self._base_weights = (state.base, BaseWeights(self.base_digest, arrays))
+      self.progress.message(
+          f"LoRA: base {self.base_digest} ({lora.nbytes(arrays) / 2**20:.1f} MiB) published "
+          f"once; adapters {lora.nbytes(state.params) / 2**20:.2f} MiB of float32 masters, "
+          f"{lora.nbytes(state.params) / max(lora.nbytes(state.base), 1):.2%} of the base's "
+          "bytes")
+    return self._base_weights[1]
+
   def _start(self) -> tuple[TrainState, dict, int | None]:
+    base = self._lora_base() if self.mc.lora is not None else None
     if self.resume and self.ckpt is not None:
       target = with_shardings(self.abstract, state_shardings(self.abstract, self.mc,
                                                              self.optimizer, self.mesh, self.rules))
@@ -214,7 +255,7 @@ class RLLoop:
         for note in got.skipped:
           self.progress.message(f"warning: {note}")
         self.progress.message(f"resumed from step {got.step} ({self.ckpt.directory})")
-        return got.state, host, got.step
+        return got.state._replace(base=base), host, got.step
       self.progress.message(f"nothing to resume: {self.ckpt.directory} holds no checkpoint; "
                             "starting a fresh run")
     elif self.resume:
@@ -223,7 +264,10 @@ class RLLoop:
       raise ValueError(
           f"checkpoint directory {self.ckpt.directory} already holds checkpoints (steps "
           f"{self.ckpt.all_steps()}); resume from them (--resume) or use another directory")
-    params = None if self._init_params is None else self._init_params()
+    if base is not None:
+      params = base
+    else:
+      params = None if self._init_params is None else self._init_params()
     state = init_train_state(self.mc, self.tc, self.optimizer, mesh=self.mesh, seed=self.lc.seed,
                              params=params, rules=self.rules)
     return state, {"next_prompt": 0, "accepted": 0}, None
@@ -411,13 +455,14 @@ class RLLoop:
               else RolloutBuffer(self.samples))
     step = int(jax.device_get(state.step))
     client = self._client
+    base = self._rollout_base(state)
     if client is None:
       params, moe = _weights(state, self.precision.rollout_dtype, self._publish_mesh)
       client = default_client(self.rollout_mc, params, self.lc, self.tok.eos_id, step,
                               self.samples, self._engine_config, moe,
-                              warmup=self._warmup_engine, clock=self.clock)
+                              warmup=self._warmup_engine, clock=self.clock, base=base)
     else:
-      _publish(client, state, step, self.precision.rollout_dtype, self._publish_mesh)
+      _publish(client, state, step, self.precision.rollout_dtype, self._publish_mesh, base)
     self.client = client
     if self.offload is not None and hasattr(client, "worker_times"):
       saved = host.get("offload")
@@ -448,9 +493,11 @@ class RLLoop:
           while client.num_pending():  # finish the next batch on the weights that started it
             t_roll += self._poll(client, buffer)
         step += 1
-        _publish(client, state, step, self.precision.rollout_dtype, self._publish_mesh)
+        published = _publish(client, state, step, self.precision.rollout_dtype,
+                             self._publish_mesh, base)
         self._boundary(client, buffer, step)
         row = self._metrics(metrics, stats, t_roll, t_train, self.clock.now() - t_step, step - 1)
+        row["publish_bytes"] = published
         now_counters = client_counters(client)
         row.update(rollout_metrics(counters, now_counters), **offload_row)
         counters = now_counters

@@ -13,6 +13,7 @@
       distributed  DistributedConfig  devices and processes: the mesh, the multi-process job (loop/)
       output       OutputConfig       where a run writes (not part of its config.json)
       precision    PrecisionConfig    dtypes of masters, compute, rollout (train/precision.py)
+      lora         LoraConfig         low-rank adapters on a frozen base (models/lora.py)
 
 Every setting is one field of one section, documented in the section's `Attributes:`
 docstring and validated in the section's `__post_init__` (checks that need two sections live
@@ -45,6 +46,7 @@ import functools
 import typing
 from typing import Any, Mapping
 
+from jaxrl_sys.models.config import LoraConfig
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.loop.distributed import DistributedConfig
 from jaxrl_sys.train.precision import PrecisionConfig
@@ -174,12 +176,16 @@ class OutputConfig:
     overwrite: replace the outputs of an earlier run in `out_dir` (and a non-empty `export_hf`
       directory); not with --resume, nor while that run is alive (its lock).
     export_hf: write the trained policy as a Hugging Face directory (safetensors, config.json,
-      tokenizer files).
+      tokenizer files); with LoRA the base merged with the adapters (float32 sum).
+    export_peft: with LoRA, write the adapters as a PEFT adapter directory
+      (adapter_config.json, adapter_model.safetensors) for the Hugging Face base (a preset's
+      base is written beside them, in base/).
     progress: show the progress bar on stderr.
   """
   out_dir: str | None = None
   overwrite: bool = False
   export_hf: str | None = None
+  export_peft: str | None = None
   progress: bool = True
 
 
@@ -207,7 +213,8 @@ ALIASES = {
     "local_device_ids": "distributed.local_device_ids",
     "distributed_timeout": "distributed.timeout",
     "out_dir": "output.out_dir", "overwrite": "output.overwrite",
-    "export_hf": "output.export_hf", "progress": "output.progress",
+    "export_hf": "output.export_hf", "export_peft": "output.export_peft",
+    "progress": "output.progress",
     "behav_weight_cap": "train.behav_weight_cap",
     **{name: f"precision.{name}" for name in ("param_dtype", "compute_dtype", "rollout_dtype",
                                               "export_dtype")},
@@ -239,6 +246,7 @@ class RunConfig:
   distributed: DistributedConfig = DistributedConfig()
   output: OutputConfig = OutputConfig()
   precision: PrecisionConfig = PrecisionConfig()
+  lora: LoraConfig = LoraConfig()
 
   def __post_init__(self):
     if self.loop.group_size < 2:
@@ -246,6 +254,9 @@ class RunConfig:
           f"--group_size={self.loop.group_size} with --algo={self.train.algo}: GRPO-family "
           "advantages compare samples of the same prompt, so each group needs at least 2 "
           "samples")
+    if self.output.export_peft and not self.lora.enabled:
+      raise ValueError(f"--export_peft={self.output.export_peft} writes LoRA adapters: set "
+                       "--lora.rank (and --lora.targets) to train some")
 
   def __getattr__(self, name: str) -> Any:
     if name in ALIASES:

@@ -1,0 +1,98 @@
+"""The rollout engine with LoRA adapters: unmerged, its sampled tokens' log-probs equal the
+trainer's (`train.step.token_logprobs` on the same sequences, float32, 1e-5); merged (the
+`lora.merge` fast path) in bfloat16 the difference is measured and printed; a new version
+swaps the adapters only."""
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_sys import models
+from jaxrl_sys.models import lora as lora_lib
+from jaxrl_sys.models.config import LoraConfig
+from jaxrl_sys.rollout import InProcessRollout
+from jaxrl_sys.rollout.engine.engine import Engine
+from jaxrl_sys.train.step import batch as batch_lib
+from jaxrl_sys.train.step.config import TrainConfig
+from jaxrl_sys.train.step.update import token_logprobs
+from tests.rollout.common import CFG, engine_config, make_requests, params
+
+LORA_CFG = dataclasses.replace(CFG, lora=LoraConfig(rank=4, alpha=8.0))
+PLAIN = models.SamplingConfig(temperature=1.0)
+ROWS, SEQ = 8, 24
+
+
+def _adapters(seed=1, std=0.1):
+  ad = lora_lib.init_lora(LORA_CFG, jax.random.key(seed))
+  leaves, treedef = jax.tree.flatten(ad)
+  keys = jax.random.split(jax.random.key(seed + 10), len(leaves))
+  return jax.tree.unflatten(treedef, [x + std * jax.random.normal(k, x.shape)
+                                      for x, k in zip(leaves, keys)])
+
+
+def _generate(client, reqs):
+  client.submit(reqs)
+  done = {}
+  while len(done) < len(reqs):
+    for c in client.poll(min_count=len(reqs) - len(done)):
+      done[c.request_id] = c.request
+  return [done[r.request_id] for r in reqs]
+
+
+@jax.jit
+def _trainer_logprobs(base, ad, batch):
+  tc = TrainConfig(temperature=1.0)
+  return token_logprobs(base, LORA_CFG, tc, batch, None, ad)[0]
+
+
+def _check_against_trainer(base, ad, done):
+  """max |engine log-prob - trainer log-prob| over the sampled tokens (trainer: float32)."""
+  samples = [batch_lib.Sample(r.prompt.astype(np.int32), np.asarray(r.tokens, np.int32),
+                              np.asarray(r.logprobs, np.float32),
+                              np.zeros(len(r.tokens), np.int32), 0.0) for r in done]
+  batch = batch_lib.pack(samples, ROWS, SEQ)
+  lp = np.asarray(_trainer_logprobs(base, ad, batch))
+  mask = np.asarray(batch.loss_mask) > 0
+  return np.abs(lp[mask] - np.asarray(batch.behav_logprobs)[mask]).max(), int(mask.sum())
+
+
+def test_unmerged_engine_logprobs_equal_the_trainers_and_merged_bf16_is_measured(capsys):
+  base, ad = params(0), _adapters()
+  reqs = make_requests(ROWS, seed=3)
+  ec = engine_config(PLAIN)
+  client = InProcessRollout.create(LORA_CFG, ad, ec, base=base)
+  done = _generate(client, reqs)
+  diff, n = _check_against_trainer(base, ad, done)
+  assert n > 20 and diff < 1e-5, diff
+  # The adapters matter (the base alone samples other tokens from the same keys).
+  plain = _generate(InProcessRollout.create(CFG, base, ec), make_requests(ROWS, seed=3))
+  assert any(not np.array_equal(a.tokens, b.tokens) for a, b in zip(done, plain))
+  # A new version swaps the adapters only: zero B is the base's policy again.
+  zero = jax.tree_util.tree_map_with_path(
+      lambda p, x: x * 0 if p[-1].key == "b" else x, ad)
+  client.publish(zero, 1)
+  again = _generate(client, make_requests(ROWS, seed=3))  # the same ids: the same keys
+  assert all(np.array_equal(a.tokens, b.tokens) for a, b in zip(again, plain))
+  assert client.engine.base is base
+  # Merged, in the rollout's bfloat16: measured against the float32 trainer (printed).
+  lines = []
+  for merge in (False, True):
+    cfg16 = dataclasses.replace(LORA_CFG, param_dtype="bfloat16", compute_dtype="bfloat16",
+                                lora=dataclasses.replace(LORA_CFG.lora, merge=merge))
+    cast = lambda t: jax.tree.map(lambda x: x.astype("bfloat16"), t)  # noqa: E731
+    eng = InProcessRollout.create(cfg16, cast(ad), ec, base=cast(base))
+    got = _generate(eng, make_requests(ROWS, seed=3, first_id=200))
+    d, n = _check_against_trainer(base, ad, got)
+    lines.append(f"bf16 rollout, adapters {'merged' if merge else 'unmerged'}: max |engine - "
+                 f"trainer fp32| log-prob {d:.2e} over {n} tokens")
+  with capsys.disabled():
+    print("\n" + "\n".join(lines))
+
+
+def test_engine_needs_the_base_for_a_lora_model():
+  base, ad = params(0), _adapters()
+  with pytest.raises(ValueError, match="frozen base"):
+    Engine(LORA_CFG, ad, engine_config(PLAIN))
+  with pytest.raises(ValueError, match="do not fit"):
+    Engine(LORA_CFG, base, engine_config(PLAIN), base=base)  # the base given as adapters
