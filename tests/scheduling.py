@@ -19,6 +19,7 @@ SHARED_GROUPS = {
     "ray": ("tests/rollout/weights/test_ray_weights.py",
             "tests/rollout/manager/test_client_contract.py",
             "tests/rollout/workers/test_ray_elastic.py",
+            "tests/rollout/workers/test_ray_lora.py",
             "tests/train/loop/test_offload_loop.py",
             "tests/train/loop/test_elastic_loop.py",
             "tests/notebooks/test_notebook_elastic.py",

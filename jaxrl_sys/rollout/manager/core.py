@@ -294,8 +294,9 @@ class ManagerCore:
       self.events.append((now, "pulled", rep.worker_id, f"v{version} in {seconds:.3f}s"))
     for version, message in rep.failed_pulls:
       self._pull_failed(ws, int(version), message)
-    for _, nbytes in rep.pulled_bytes:
+    for version, nbytes in rep.pulled_bytes:
       self.stats.pull_bytes += int(nbytes)
+      self.events.append((now, "pull_bytes", rep.worker_id, f"v{version} {int(nbytes)}"))
     for note in rep.notes:
       self.events.append((now, "note", rep.worker_id, note))
     for rid, message in rep.rejected:
