@@ -14,6 +14,7 @@ segment) and one over all settings; writes `results.json` (byte-identical for a 
   python -m experiments.spot_sim --preset=measured:benchmarks/results   # calibrated figures
   python -m experiments.spot_sim --paper      # every RLBoost figure beside ours (paper.json)
   python -m experiments.spot_sim --diagnose   # held-out per-step means + capped fleet
+  python -m experiments.spot_sim --lora_rank=16 --settings=rlboost  # + adapter-only weight sync
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from jaxrl_sys.rollout.elastic.trace_formats import FORMATS, load_trace, traces_
 from jaxrl_sys.sim import calibrate, diagnose, experiment, paper, report
 from jaxrl_sys.sim.driver import SimConfig, Workload
 from jaxrl_sys.sim.fit import FITTED, ROOFLINE
-from jaxrl_sys.sim.presets import PRESETS, get_preset
+from jaxrl_sys.sim.presets import PRESETS, get_preset, with_lora
 from jaxrl_sys.sim.settings import get_settings
 from jaxrl_sys.sim.startup import COLD_VM, WARM_RESTART
 
@@ -71,6 +72,11 @@ flags.DEFINE_bool("diagnose_cap", True, "--diagnose: also run the capped counter
 flags.DEFINE_integer("max_steps", 0, "Stop each run after this many steps (0: the segment).")
 flags.DEFINE_integer("jobs", 2, "Worker processes.")
 flags.DEFINE_bool("plots", True, "Write PNG plots.")
+flags.DEFINE_integer("lora_rank", 0, "Also run each preset trained with LoRA of this rank and "
+                     "adapter-only weight sync (a spot instance pulls the base once, then the "
+                     "adapters per version: jaxrl_sys.sim.presets.with_lora); 0: off.")
+flags.DEFINE_string("lora_targets", "attention,mlp", "The LoRA targets --lora_rank sizes the "
+                    "adapters for (the --lora.targets names of experiments.grpo).")
 
 
 def _fit():
@@ -95,7 +101,10 @@ def _presets(spec: str, fit):
     return [calibrate.calibrate_from_benchmarks(load("generate"), load("grpo_step"),
                                                 load("rollout_engine", False))]
   names = list(PRESETS) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
-  return [fit.apply(get_preset(n)) for n in names]
+  presets = [fit.apply(get_preset(n)) for n in names]
+  if FLAGS.lora_rank:
+    presets += [with_lora(p, FLAGS.lora_rank, FLAGS.lora_targets) for p in presets]
+  return presets
 
 
 def _trace():

@@ -1,7 +1,7 @@
 """The rollout engine with LoRA adapters: unmerged, its sampled tokens' log-probs equal the
-trainer's (`train.step.token_logprobs` on the same sequences, float32, 1e-5); merged (the
-`lora.merge` fast path) in bfloat16 the difference is measured and printed; a new version
-swaps the adapters only."""
+trainer's (`train.step.token_logprobs` on the same sequences, float32, 1e-5); a new version
+swaps the adapters only. The merged bfloat16 engine's difference is measured by
+`benchmarks/lora.py` (and the merge's rounding by tests/models/test_lora.py)."""
 import dataclasses
 
 import jax
@@ -57,37 +57,21 @@ def _check_against_trainer(base, ad, done):
   return np.abs(lp[mask] - np.asarray(batch.behav_logprobs)[mask]).max(), int(mask.sum())
 
 
-def test_unmerged_engine_logprobs_equal_the_trainers_and_merged_bf16_is_measured(capsys):
+def test_unmerged_engine_logprobs_equal_the_trainers():
   base, ad = params(0), _adapters()
-  reqs = make_requests(ROWS, seed=3)
-  ec = engine_config(PLAIN)
-  client = InProcessRollout.create(LORA_CFG, ad, ec, base=base)
-  done = _generate(client, reqs)
+  client = InProcessRollout.create(LORA_CFG, ad, engine_config(PLAIN), base=base)
+  done = _generate(client, make_requests(ROWS, seed=3))
   diff, n = _check_against_trainer(base, ad, done)
   assert n > 20 and diff < 1e-5, diff
-  # The adapters matter (the base alone samples other tokens from the same keys).
-  plain = _generate(InProcessRollout.create(CFG, base, ec), make_requests(ROWS, seed=3))
-  assert any(not np.array_equal(a.tokens, b.tokens) for a, b in zip(done, plain))
-  # A new version swaps the adapters only: zero B is the base's policy again.
-  zero = jax.tree_util.tree_map_with_path(
-      lambda p, x: x * 0 if p[-1].key == "b" else x, ad)
+  # A new version swaps the adapters only (B = 0: the base's policy); the same request keys
+  # now sample other tokens, whose log-probs are again the trainer's.
+  zero = jax.tree_util.tree_map_with_path(lambda p, x: x * 0 if p[-1].key == "b" else x, ad)
   client.publish(zero, 1)
-  again = _generate(client, make_requests(ROWS, seed=3))  # the same ids: the same keys
-  assert all(np.array_equal(a.tokens, b.tokens) for a, b in zip(again, plain))
-  assert client.engine.base is base
-  # Merged, in the rollout's bfloat16: measured against the float32 trainer (printed).
-  lines = []
-  for merge in (False, True):
-    cfg16 = dataclasses.replace(LORA_CFG, param_dtype="bfloat16", compute_dtype="bfloat16",
-                                lora=dataclasses.replace(LORA_CFG.lora, merge=merge))
-    cast = lambda t: jax.tree.map(lambda x: x.astype("bfloat16"), t)  # noqa: E731
-    eng = InProcessRollout.create(cfg16, cast(ad), ec, base=cast(base))
-    got = _generate(eng, make_requests(ROWS, seed=3, first_id=200))
-    d, n = _check_against_trainer(base, ad, got)
-    lines.append(f"bf16 rollout, adapters {'merged' if merge else 'unmerged'}: max |engine - "
-                 f"trainer fp32| log-prob {d:.2e} over {n} tokens")
-  with capsys.disabled():
-    print("\n" + "\n".join(lines))
+  again = _generate(client, make_requests(ROWS, seed=3))
+  assert client.engine.base is base and client.engine.version == 1
+  assert any(not np.array_equal(a.tokens, b.tokens) for a, b in zip(done, again))
+  diff, _ = _check_against_trainer(base, zero, again)
+  assert diff < 1e-5, diff
 
 
 def test_engine_needs_the_base_for_a_lora_model():

@@ -8,7 +8,6 @@ import hashlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from jaxrl_sys.models import lora as lora_lib
 from jaxrl_sys.models.config import LoraConfig
@@ -41,9 +40,8 @@ def _setup(model, kl_coef=None):
   return mc, tc, opt, mesh, fns
 
 
-@pytest.mark.parametrize("model", ["tiny", "tiny_moe"])
-def test_step_changes_only_the_adapters(model):
-  mc, tc, opt, mesh, fns = _setup(model)
+def test_step_changes_only_the_adapters():
+  mc, tc, opt, mesh, fns = _setup("tiny")
   state = init_train_state(mc, tc, opt, mesh=mesh, seed=0)
   base_before = _digest(state.base)
   base_arrays = jax.tree.leaves(state.base)

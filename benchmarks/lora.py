@@ -1,0 +1,177 @@
+"""LoRA against full-parameter training: bytes and time of a weight publish and pull, and the
+train step's compiled memory.
+
+Usage: python -m benchmarks.lora [--configs tiny,0.5b] [--rank 8] [--repeats 3]
+       [--stores tensorstore,ray] [--no_memory]
+
+1. Publish + pull of one version, full weights against adapters (rank `--rank` on attention +
+   MLP), both in bfloat16 (the rollout dtype on an accelerator; the adapters' masters stay
+   float32 in the trainer), on the tiny preset and on a Qwen2.5-0.5B-shaped model (random
+   bytes of the real shapes: nothing is computed with them). `publish_s`: `store.publish` +
+   `store.wait` (host copy, checksums, the write or `ray.put`); `pull_s`: a reader's
+   `ref.fetch()` (read + crc32 check); a LoRA worker pulls the base once, then this per version.
+   Stores: tensorstore (files under a temporary directory) and Ray (the local object store,
+   started here). Best of `--repeats`.
+2. Train-step memory: `jit(...).lower(...).compile().memory_analysis()` of the fused GRPO step
+   (one micro-batch of `--rows` x `--seq` tokens), arguments (state + batch) and temporaries,
+   full-parameter (float32 masters, AdamW moments, reference copy for the KL term) against
+   LoRA (the base in bfloat16, float32 adapters and their moments; the reference is the base).
+   Lowered from shapes only: nothing is allocated.
+
+Writes benchmarks/results/lora.json.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from benchmarks.common import print_table, write_json
+from jaxrl_sys import models
+from jaxrl_sys.models import lora as lora_lib
+from jaxrl_sys.models.config import LoraConfig
+from jaxrl_sys.rollout.weights import BaseWeights
+
+QWEN_05B = models.ModelConfig(vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14,
+                              num_kv_heads=2, head_dim=64, intermediate_size=4864,
+                              max_seq_len=4096, tie_embeddings=True, attention_bias=True)
+
+
+def model_config(name: str) -> models.ModelConfig:
+  if name == "0.5b":
+    return QWEN_05B
+  from jaxrl_sys.train.recipe.presets import load_model  # pylint: disable=import-outside-toplevel
+  return load_model(name, max_seq_len=64).config
+
+
+def random_tree(shapes, seed: int):
+  """bfloat16 numpy leaves of `shapes` (random bits of the right size, fast)."""
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda s: rng.standard_normal(s.shape, np.float32).astype(
+      ml_dtypes.bfloat16), shapes)
+
+
+def make_store(kind: str, root: str):
+  if kind == "tensorstore":
+    from jaxrl_sys.rollout.weights.tensorstore import TensorstoreWeightStore  # pylint: disable=import-outside-toplevel
+    return TensorstoreWeightStore(root)
+  from jaxrl_sys.rollout.weights.ray import RayWeightStore  # pylint: disable=import-outside-toplevel
+  return RayWeightStore()
+
+
+def publish_pull(kind: str, name: str, rank: int, repeats: int) -> list[dict]:
+  mc = dataclasses.replace(model_config(name), lora=LoraConfig(rank=rank))
+  base_shapes = jax.eval_shape(lambda: models.init_params(lora_lib.without_lora(mc),
+                                                          jax.random.key(0)))
+  ad_shapes = jax.eval_shape(lambda: lora_lib.init_lora(mc, jax.random.key(0)))
+  base = random_tree(base_shapes, 0)
+  named = BaseWeights("benchmark-base", base)
+  rows = []
+  with tempfile.TemporaryDirectory() as root:
+    for what in ("full", "adapters"):
+      store = make_store(kind, f"{root}/{what}")
+      best_pub = best_pull = float("inf")
+      nbytes = 0
+      for v in range(repeats):
+        tree = base if what == "full" else random_tree(ad_shapes, v + 1)
+        t0 = time.perf_counter()
+        if what == "full":
+          store.publish(v, tree)
+        else:
+          store.publish(v, tree, base=named)
+        store.wait()
+        t1 = time.perf_counter()
+        ref = store.ref(v)
+        ref.fetch()
+        t2 = time.perf_counter()
+        if what == "adapters" and v == 0:
+          continue  # the first LoRA publish writes the base too (a one-time cost)
+        best_pub, best_pull = min(best_pub, t1 - t0), min(best_pull, t2 - t1)
+        nbytes = ref.nbytes
+        store.gc([])
+      store.close()
+      rows.append({"store": kind, "model": name, "what": what, "rank": rank if what != "full"
+                   else "", "bytes": nbytes, "MiB": nbytes / 2**20, "publish_s": best_pub,
+                   "pull_s": best_pull})
+  full, ad = rows
+  ad["share"] = ad["bytes"] / full["bytes"]
+  ad["pull_speedup"] = full["pull_s"] / max(ad["pull_s"], 1e-9)
+  return rows
+
+
+def step_memory(name: str, rank: int, rows: int, seq: int) -> list[dict]:
+  from jaxrl_sys.sharding import make_mesh  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.step.batch import TrainBatch  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.step.config import train_config_for_algo  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.step.optim import make_optimizer  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.step.state import abstract_state  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.step.update import make_train_fns  # pylint: disable=import-outside-toplevel
+  out = []
+  mesh = make_mesh("1x1")
+  tc = train_config_for_algo("grpo", kl_coef=0.001, remat=True)
+  i32, f32 = jnp.int32, jnp.float32
+  spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt)  # noqa: E731
+  window = seq // 2  # the scored response positions
+  batch = TrainBatch(tokens=spec((rows, seq), i32), targets=spec((rows, window), i32),
+                     attention_mask=spec((rows, seq), i32), loss_mask=spec((rows, window), f32),
+                     behav_logprobs=spec((rows, window), f32), versions=spec((rows, window), i32),
+                     advantages=spec((rows,), f32), score_start=spec((rows,), i32))
+  for what in ("full", "lora"):
+    mc = model_config(name)
+    if what == "lora":
+      mc = dataclasses.replace(mc, lora=LoraConfig(rank=rank))
+    opt = make_optimizer(tc.optim, moment_dtype="float32")
+    abstract = abstract_state(mc, tc, opt)
+    if what == "lora":  # the base in bfloat16 (a real checkpoint's dtype)
+      abstract = abstract._replace(base=jax.tree.map(lambda s: spec(s.shape, jnp.bfloat16),
+                                                     abstract.base))
+    fns = make_train_fns(mc, tc, opt, abstract, mesh)
+    mem = fns.fused_step.lower(abstract, batch).compile().memory_analysis()
+    arg, temp = int(mem.argument_size_in_bytes), int(mem.temp_size_in_bytes)
+    out.append({"model": name, "train": what, "rank": rank if what == "lora" else "",
+                "args_MiB": arg / 2**20, "temp_MiB": temp / 2**20,
+                "total_MiB": (arg + temp) / 2**20})
+  out[1]["vs_full"] = out[1]["total_MiB"] / out[0]["total_MiB"]
+  return out
+
+
+def main(argv=None) -> dict:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--configs", default="tiny,0.5b")
+  ap.add_argument("--stores", default="tensorstore,ray")
+  ap.add_argument("--rank", type=int, default=8)
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--rows", type=int, default=8)
+  ap.add_argument("--seq", type=int, default=512)
+  ap.add_argument("--no_memory", action="store_true")
+  args = ap.parse_args(argv)
+  configs, stores = args.configs.split(","), args.stores.split(",")
+  if "ray" in stores:
+    from jaxrl_sys.rollout.workers.ray import import_ray, init_ray  # pylint: disable=import-outside-toplevel
+    if not import_ray().is_initialized():
+      init_ray(object_store_memory=3 * 2**30)
+  pulls = [r for kind in stores for name in configs
+           for r in publish_pull(kind, name, args.rank, args.repeats)]
+  print(f"\npublish + pull of one version (bfloat16; rank {args.rank} on attention + MLP)")
+  print_table(pulls, ["store", "model", "what", "MiB", "publish_s", "pull_s", "share",
+                      "pull_speedup"])
+  memory = []
+  if not args.no_memory:
+    memory = [r for name in configs for r in step_memory(name, args.rank, args.rows, args.seq)]
+    print(f"\ntrain-step memory (fused GRPO step, {args.rows} x {args.seq} tokens, remat; "
+          "compiled arguments + temporaries)")
+    print_table(memory, ["model", "train", "rank", "args_MiB", "temp_MiB", "total_MiB",
+                         "vs_full"])
+  payload = {"args": vars(args), "publish_pull": pulls, "step_memory": memory}
+  write_json("lora", payload)
+  return payload
+
+
+if __name__ == "__main__":
+  main()
