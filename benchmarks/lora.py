@@ -13,10 +13,14 @@ Usage: python -m benchmarks.lora [--configs tiny,0.5b] [--rank 8] [--repeats 3]
    Stores: tensorstore (files under a temporary directory) and Ray (the local object store,
    started here). Best of `--repeats`.
 2. Train-step memory: `jit(...).lower(...).compile().memory_analysis()` of the fused GRPO step
-   (one micro-batch of `--rows` x `--seq` tokens), arguments (state + batch) and temporaries,
+   (one micro-batch of `--rows` x `--seq` tokens, `--compute_dtype` compute, bfloat16 by
+   default as on an accelerator), arguments (state + batch) and temporaries,
    full-parameter (float32 masters, AdamW moments, reference copy for the KL term) against
    LoRA (the base in bfloat16, float32 adapters and their moments; the reference is the base).
    Lowered from shapes only: nothing is allocated.
+
+3. The bfloat16 rollout engine's log-probs against the float32 trainer's on its own samples,
+   adapters unmerged against merged into the base (`--lora.merge`), tiny preset.
 
 Writes benchmarks/results/lora.json.
 """
@@ -105,7 +109,7 @@ def publish_pull(kind: str, name: str, rank: int, repeats: int) -> list[dict]:
   return rows
 
 
-def step_memory(name: str, rank: int, rows: int, seq: int) -> list[dict]:
+def step_memory(name: str, rank: int, rows: int, seq: int, compute: str) -> list[dict]:
   from jaxrl_sys.sharding import make_mesh  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train.step.batch import TrainBatch  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train.step.config import train_config_for_algo  # pylint: disable=import-outside-toplevel
@@ -123,7 +127,7 @@ def step_memory(name: str, rank: int, rows: int, seq: int) -> list[dict]:
                      behav_logprobs=spec((rows, window), f32), versions=spec((rows, window), i32),
                      advantages=spec((rows,), f32), score_start=spec((rows,), i32))
   for what in ("full", "lora"):
-    mc = model_config(name)
+    mc = dataclasses.replace(model_config(name), compute_dtype=compute)
     if what == "lora":
       mc = dataclasses.replace(mc, lora=LoraConfig(rank=rank))
     opt = make_optimizer(tc.optim, moment_dtype="float32")
@@ -141,6 +145,49 @@ def step_memory(name: str, rank: int, rows: int, seq: int) -> list[dict]:
   return out
 
 
+def engine_mismatch(rank: int, std: float = 1e-3, requests: int = 16) -> list[dict]:
+  """Log-prob difference of a bfloat16 rollout engine from the float32 trainer, adapters
+  unmerged against merged (`--lora.merge`), on the tiny preset with adapters of a few
+  optimizer steps (B ~ N(0, std)): the engine samples, the trainer recomputes its tokens."""
+  from jaxrl_sys.rollout import InProcessRollout, Request, request_key  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.engine.config import EngineConfig  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.step import batch as batch_lib  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.step.config import TrainConfig  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.step.update import token_logprobs  # pylint: disable=import-outside-toplevel
+  mc = dataclasses.replace(model_config("tiny"), lora=LoraConfig(rank=rank))
+  base = models.init_params(lora_lib.without_lora(mc), jax.random.key(0))
+  ad = jax.tree_util.tree_map_with_path(
+      lambda p, x: std * jax.random.normal(jax.random.key(1), x.shape) if p[-1].key == "b"
+      else x, lora_lib.init_lora(mc, jax.random.key(2)))
+  rng = np.random.default_rng(0)
+  ec = EngineConfig(num_slots=requests, max_len=32, prefill_buckets=(16,),
+                    prefill_batch_buckets=(requests,), decode_row_buckets=(requests,),
+                    decode_len_buckets=(32,), sampling=models.SamplingConfig(temperature=1.0))
+  trainer = jax.jit(lambda b: token_logprobs(base, mc, TrainConfig(), b, None, ad)[0])
+  out = []
+  for merge in (False, True):
+    cfg = dataclasses.replace(mc, param_dtype="bfloat16", compute_dtype="bfloat16",
+                              lora=dataclasses.replace(mc.lora, merge=merge))
+    cast = lambda t: jax.tree.map(lambda x: x.astype(jnp.bfloat16), t)  # noqa: E731
+    client = InProcessRollout.create(cfg, cast(ad), ec, base=cast(base))
+    client.submit([Request(i, rng.integers(3, mc.vocab_size, 6), 12, request_key(0, i))
+                   for i in range(requests)])
+    done = []
+    while client.num_pending():
+      done += client.poll(min_count=requests)
+    samples = [batch_lib.Sample(c.request.prompt.astype(np.int32),
+                                np.asarray(c.request.tokens, np.int32),
+                                np.asarray(c.request.logprobs, np.float32),
+                                np.zeros(len(c.request.tokens), np.int32), 0.0) for c in done]
+    batch = batch_lib.pack(samples, requests, 18)
+    mask = np.asarray(batch.loss_mask) > 0
+    diff = np.abs(np.asarray(trainer(batch))[mask] - np.asarray(batch.behav_logprobs)[mask])
+    out.append({"engine": "bf16 " + ("merged" if merge else "unmerged"), "rank": rank,
+                "B_std": std, "tokens": int(mask.sum()), "mean_abs_diff": float(diff.mean()),
+                "max_abs_diff": float(diff.max())})
+  return out
+
+
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--configs", default="tiny,0.5b")
@@ -150,25 +197,36 @@ def main(argv=None) -> dict:
   ap.add_argument("--rows", type=int, default=8)
   ap.add_argument("--seq", type=int, default=512)
   ap.add_argument("--no_memory", action="store_true")
+  ap.add_argument("--compute_dtype", default="bfloat16",
+                  help="the train step's compute dtype (bfloat16: as on an accelerator)")
+  ap.add_argument("--no_mismatch", action="store_true")
   args = ap.parse_args(argv)
   configs, stores = args.configs.split(","), args.stores.split(",")
   if "ray" in stores:
     from jaxrl_sys.rollout.workers.ray import import_ray, init_ray  # pylint: disable=import-outside-toplevel
     if not import_ray().is_initialized():
       init_ray(object_store_memory=3 * 2**30)
-  pulls = [r for kind in stores for name in configs
+  pulls = [r for kind in stores if kind for name in configs
            for r in publish_pull(kind, name, args.rank, args.repeats)]
-  print(f"\npublish + pull of one version (bfloat16; rank {args.rank} on attention + MLP)")
-  print_table(pulls, ["store", "model", "what", "MiB", "publish_s", "pull_s", "share",
-                      "pull_speedup"])
+  if pulls:
+    print(f"\npublish + pull of one version (bfloat16; rank {args.rank} on attention + MLP)")
+    print_table(pulls, ["store", "model", "what", "MiB", "publish_s", "pull_s", "share",
+                        "pull_speedup"])
   memory = []
   if not args.no_memory:
-    memory = [r for name in configs for r in step_memory(name, args.rank, args.rows, args.seq)]
-    print(f"\ntrain-step memory (fused GRPO step, {args.rows} x {args.seq} tokens, remat; "
-          "compiled arguments + temporaries)")
+    memory = [r for name in configs
+              for r in step_memory(name, args.rank, args.rows, args.seq, args.compute_dtype)]
+    print(f"\ntrain-step memory (fused GRPO step, {args.rows} x {args.seq} tokens, remat, "
+          f"{args.compute_dtype} compute; compiled arguments + temporaries)")
     print_table(memory, ["model", "train", "rank", "args_MiB", "temp_MiB", "total_MiB",
                          "vs_full"])
-  payload = {"args": vars(args), "publish_pull": pulls, "step_memory": memory}
+  mismatch = [] if args.no_mismatch else engine_mismatch(args.rank)
+  if mismatch:
+    print("\nbf16 rollout engine vs float32 trainer log-probs (tiny preset, adapters "
+          "B ~ N(0, 1e-3))")
+    print_table(mismatch)
+  payload = {"args": vars(args), "publish_pull": pulls, "step_memory": memory,
+             "engine_mismatch": mismatch}
   write_json("lora", payload)
   return payload
 

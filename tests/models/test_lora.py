@@ -1,7 +1,7 @@
 """LoRA adapters in the model: B = 0 is the base bit for bit; the adapted forward equals the
 plain forward on weights merged in float64 numpy (dense, MoE experts on every path); targets;
-the bfloat16 merge's rounding (measured and printed); the PEFT export loaded by `peft` onto
-the `transformers` base gives our logits."""
+the bfloat16 merge's rounding (measured and printed). The PEFT export is loaded by `peft` in
+tests/harness/test_cli_harness.py (the LoRA learning run's adapters)."""
 
 import dataclasses
 
@@ -157,31 +157,3 @@ def test_bfloat16_merge_rounds_small_updates_away(capsys):
       assert err > 1 and err_unmerged < 0.1
   with capsys.disabled():
     print("\n" + "\n".join(lines))
-
-
-def test_peft_export_loads_onto_the_transformers_base(tmp_path):
-  """Our adapters exported as PEFT, loaded by `peft` onto the HF base: the same logits."""
-  import peft
-  import torch
-
-  from jaxrl_sys.models.hf.peft import export_peft
-  from tests.models.hf_fixtures import make_hf_model, padded_batch
-
-  base_dir = str(tmp_path / "base")
-  torch_model = make_hf_model("qwen2", base_dir)
-  config, params = models.load_hf_checkpoint(base_dir)
-  mc = dataclasses.replace(config, lora=LoraConfig(rank=4, alpha=16.0, targets="attention,mlp"))
-  ad = _perturbed(lora_lib.init_lora(mc, jax.random.key(2)), std=0.05)
-  toks, mask = padded_batch(config.vocab_size, [11, 6], "right", seed=4)
-  hidden = models.forward(params, mc, jnp.asarray(toks, jnp.int32),
-                          attention_mask=jnp.asarray(mask), lora=ad).hidden
-  ours = np.asarray(models.logits_from_hidden(params, mc, hidden))
-  files = export_peft(str(tmp_path / "adapter"), mc, ad, base_model=base_dir)
-  assert files == ["adapter_config.json", "adapter_model.safetensors"]
-  model = peft.PeftModel.from_pretrained(torch_model, str(tmp_path / "adapter")).eval()
-  pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
-  with torch.no_grad():
-    ref = model(input_ids=torch.tensor(toks), attention_mask=torch.tensor(mask),
-                position_ids=torch.tensor(pos)).logits.numpy()
-  valid = mask.astype(bool)
-  assert np.abs(ours[valid] - ref[valid]).max() < 1e-5
