@@ -173,14 +173,19 @@ class WorkerServer:
     pulled), else from the store; returns the bytes pulled."""
     base_config = lora_lib.without_lora(self.model_config)
     if self.base_path is not None:
-      local = _local_base(self.base_path)
-      digest = lora_lib.base_digest(local)
+      try:
+        local = _local_base(self.base_path)
+        digest = lora_lib.base_digest(local)
+      except (OSError, ValueError) as e:
+        digest, why = None, f"cannot be read ({type(e).__name__}: {e})"
+      else:
+        why = f"has digest {digest}, not the trainer's {base_ref.digest}"
       if digest == base_ref.digest:
         dtype = self.model_config.pdtype
         self._base = (digest, jax.tree.map(lambda x: x.astype(dtype), local))
         return 0
-      self._notes.append(f"the local base {self.base_path} has digest {digest}, not the "
-                         f"trainer's {base_ref.digest}: pulled the base from the store")
+      self._notes.append(f"the local base {self.base_path} {why}: pulled the base from the "
+                         "store")
     base = base_ref.fetch()
     check_weights(base_config, base, version)
     self._base = (base_ref.digest, base)
