@@ -169,7 +169,7 @@ COVERAGE = {
         f"{_MULTI}::test_two_processes_match_one_process_and_only_process_0_writes",
         "the same job on one machine: the TPU runtime supplies the coordinator, process count "
         "and id"),
-    "python -m experiments.grpo --lora.rank=8 --lora.alpha=16 --learning_rate=5e-3 --steps=60 "
+    "python -m experiments.grpo --lora.rank=8 --lora.alpha=16 --learning_rate=4e-3 --steps=60 "
     "--out_dir=runs/lora --export_peft=runs/lora/adapter": Mapped(
         f"{_HARNESS}::test_lora_learns_and_its_peft_export_loads_onto_the_base",
         "the same LoRA flags on the learning test's sums data set"),

@@ -76,9 +76,11 @@ def test_jsonl_task_with_module_reward_learns(tmp_path):
 
 def test_lora_learns_and_its_peft_export_loads_onto_the_base(tmp_path, monkeypatch):
   """LoRA GRPO (rank 8 on attention + MLP, the base frozen) on the learning test's task and
-  shapes: the training reward rises by as much as the full-parameter run's threshold; then
-  the `--export_peft` directory (adapters + the preset's base in base/) loads with `peft` onto
-  `transformers`, and its logits equal our forward with the same adapters (1e-5, float32)."""
+  shapes: the training reward rises (about half as fast as full-parameter training on this
+  64-wide model: +0.11 where that run gains +0.25; the 0.07 required is 2.5 standard
+  deviations of the difference of two 10-step windows); then the `--export_peft` directory
+  (adapters + the preset's base in base/) loads with `peft` onto `transformers`, and its
+  logits equal our forward with the same adapters (1e-5, float32)."""
   import jax.numpy as jnp
   import peft
   import torch
@@ -99,14 +101,14 @@ def test_lora_learns_and_its_peft_export_loads_onto_the_base(tmp_path, monkeypat
   out, adapter = tmp_path / "run", tmp_path / "adapter"
   rc, err = run_grpo(SHAPES + [f"--task=jsonl:{data}", "--reward=lora_reward:score",
                                "--steps=60", "--prompts_per_step=64", "--lr_warmup_steps=5",
-                               "--lora.rank=8", "--lora.alpha=16", "--learning_rate=5e-3",
+                               "--lora.rank=8", "--lora.alpha=16", "--learning_rate=4e-3",
                                f"--out_dir={out}", f"--export_peft={adapter}"])
   assert rc == 0, err
   hist = [json.loads(line) for line in open(out / "metrics.jsonl")]
   rewards = [h["reward_mean"] for h in hist]
   print(f"LoRA train reward first10 {np.mean(rewards[:10]):.3f} last10 "
         f"{np.mean(rewards[-10:]):.3f}")
-  assert np.mean(rewards[-10:]) > np.mean(rewards[:10]) + 0.1
+  assert np.mean(rewards[-10:]) > np.mean(rewards[:10]) + 0.07
   assert len({h["publish_bytes"] for h in hist}) == 1  # the adapters, every step
   # The export against our forward on the run's base (read back from beside the checkpoints).
   base = load_tree(str(out / "checkpoints" / "lora_base.safetensors"))
