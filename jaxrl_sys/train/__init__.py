@@ -1,8 +1,9 @@
 """Trainer, in three sub-packages (imports run recipe -> loop -> step; see docs/architecture.md).
 
 `step/`, the pure core:
-- `TrainState(step, params, opt_state, ref_params, moe_state, rng)`, `init_train_state`,
-  `abstract_state`, `state_shardings`, `with_shardings` (restore targets on any mesh).
+- `TrainState(step, params, opt_state, ref_params, moe_state, rng, base)`, `init_train_state`,
+  `abstract_state`, `state_shardings`, `with_shardings` (restore targets on any mesh); with
+  LoRA (`ModelConfig.lora`) `params` are the adapters and `base` the frozen base.
 - `train_step(state, batch[micro, rows, T]) -> (state, metrics)` and its pieces `init_accum`,
   `accumulate`, `apply` (global normalisation across micro-batches), and `fused_step` (a step of
   one micro-batch as one program); `make_train_fns` jits them on a mesh
