@@ -31,7 +31,7 @@ from benchmarks import peer_models
 from benchmarks.common import print_table, write_json
 from jaxrl_sys.train import recipe as recipe_lib
 from jaxrl_sys.train.loop.rl_loop import RLLoop
-from jaxrl_sys.train.loop.local_client import default_engine_config
+from jaxrl_sys.train.loop.plan import default_engine_config
 from jaxrl_sys.train.loop.metrics_log import train_flops_per_token
 
 WORKLOAD = dict(task="arithmetic", task_args="num_digits=2,ops=+", group_size=8,

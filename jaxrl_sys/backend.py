@@ -12,7 +12,7 @@ Every "auto" choice of the library goes through this module:
   CPU and TPU run the plain-XLA paths (the kernels use Triton-style masked loads).
 - `moe_implementation(tokens, num_experts)`: the routed-expert path of `MoEConfig(
   implementation="auto")`.
-- `local_engine_count(...)`: engines of the embedded rollout (`train.rollout_setup`).
+- `local_engine_count(...)`: engines of the embedded rollout (`rollout.setup.local`).
 - `mesh_devices(size)`: the devices a mesh of `size` devices is built on (`train.recipe`).
 
 Each function takes `backend=` (a platform name: "cpu", "gpu", "tpu"; "cuda"/"rocm" count as

@@ -23,7 +23,7 @@ Wings:
 Every name below is imported on first access (module `__getattr__`): importing the package, the
 manager or the simulator does not import JAX.
 """
-from jaxrl_sys.rollout._lazy import lazy_attributes
+from jaxrl_sys._lazy import lazy_attributes
 
 _NAMES = {
     "Clock": "jaxrl_sys.rollout.clock", "ManualClock": "jaxrl_sys.rollout.clock",

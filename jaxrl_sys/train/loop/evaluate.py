@@ -2,7 +2,7 @@
 so that changes between calls measure the policy, not the data mix.
 
 Generation goes through the same rollout path as training (the in-process engine, sized like
-the loop's by `local_client.default_client`), so evaluation adds no separately compiled programs.
+the loop's by `plan.default_engine_config`), so evaluation adds no separately compiled programs.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from jaxrl_sys.models import ModelConfig
 from jaxrl_sys.tasks import score_completions
 from jaxrl_sys.train.loop.config import LoopConfig
 from jaxrl_sys.train.loop.groups import group_requests
-from jaxrl_sys.train.loop.local_client import default_client
+from jaxrl_sys.train.loop.plan import default_engine_config, embedded_client
 
 _EVAL_GROUP_OFFSET = 1 << 24  # request ids far from the training ones (keys differ too)
 
@@ -48,8 +48,9 @@ def evaluate(params: Any, config: ModelConfig, task, tokenizer, indices: Sequenc
   if client is not None:
     client.publish(params, version, moe_state)
     return _evaluate(client, task, tokenizer, indices, loop_config, samples, seed)
-  own = default_client(config, params, loop_config, tokenizer.eos_id, version, samples,
-                       moe_state=moe_state)
+  own = embedded_client(config, default_engine_config(loop_config, samples, tokenizer.eos_id),
+                        loop_config)
+  own.publish(params, version, moe_state)
   try:
     return _evaluate(own, task, tokenizer, indices, loop_config, samples, seed)
   finally:

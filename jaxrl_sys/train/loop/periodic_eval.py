@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from jaxrl_sys.models import ModelConfig
 from jaxrl_sys.train.loop.config import LoopConfig
 from jaxrl_sys.train.loop.evaluate import evaluate
-from jaxrl_sys.train.loop.local_client import default_client
+from jaxrl_sys.train.loop.plan import default_engine_config, embedded_client
 
 # Problem indices of the held-out set of a synthetic task (training uses 0, 1, ...; the
 # supervised warm-up starts at 1_000_000).
@@ -62,8 +62,9 @@ class PeriodicEval:
       self.progress.phase(f"evaluating ({len(self.indices)} prompts)")
     if self._client is None:
       # Version 0 here; each evaluation publishes the (newer) step as the version.
-      self._client = default_client(self.mc, state.params, self.lc, self.tok.eos_id, 0,
-                                    self.samples, moe_state=state.moe_state)
+      ec = default_engine_config(self.lc, self.samples, self.tok.eos_id)
+      self._client = embedded_client(self.mc, ec, self.lc)
+      self._client.publish(state.params, 0, state.moe_state)
     row["eval_reward"] = evaluate(state.params, self.mc, self.task, self.tok, self.indices,
                                   loop_config=self.lc, samples=self.samples, seed=self.seed,
                                   client=self._client, moe_state=state.moe_state,

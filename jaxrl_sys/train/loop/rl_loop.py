@@ -20,7 +20,7 @@ Owns every side effect: the rollout client, signals, checkpoints, logs. One iter
 
 The rollout client is any `RolloutClient`; by default a `rollout.RolloutManager` over the
 in-process workers (`rollout.InProcessWorker`, or two `rollout.ThreadWorker`s side by side on a
-CPU host: `LoopConfig.local_workers`), or over Ray workers (see `train.recipe.rollout_setup`).
+CPU host: `LoopConfig.local_workers`), or over Ray workers (see `rollout.setup`).
 Time comes from an injected clock; the loop raises when no completion arrives for
 `LoopConfig.stall_timeout` seconds while requests are pending.
 SIGTERM or SIGINT (Ctrl-C) sets a flag: the current step finishes, a checkpoint is forced, and
@@ -52,10 +52,12 @@ from jaxrl_sys.train.step.config import TrainConfig
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.loop.groups import group_requests, score_groups
 from jaxrl_sys.train.loop.guard import DivergenceGuard
-from jaxrl_sys.train.loop import multihost
+from jaxrl_sys.train.dist import multihost
+from jaxrl_sys.train.loop import process_group
 from jaxrl_sys.train.loop.metrics_log import (MetricsLogger, Progress, client_counters, peak_flops,
                                               rollout_metrics, train_flops_per_token)
-from jaxrl_sys.train.loop.local_client import check_lengths, default_client, extra_groups
+from jaxrl_sys.train.loop.config import check_lengths, extra_groups
+from jaxrl_sys.train.loop.plan import default_engine_config, embedded_client
 from jaxrl_sys.train.step.state import (TrainState, init_train_state,
                                         state_shardings, with_shardings)
 from jaxrl_sys.train.step.programs import train_programs
@@ -141,7 +143,7 @@ class RLLoop:
                offload: OffloadConfig | None = None,
                step_hooks: Sequence[Callable[[int, TrainState, dict], None]] = (),
                precision: PrecisionConfig | None = None):
-    check_lengths(model_config, loop_config)
+    check_lengths(model_config.max_seq_len, loop_config)
     self.precision = (precision or PrecisionConfig.of_model(model_config)).resolve()
     model_config = self.precision.train_model(model_config)
     self.rollout_mc = self.precision.rollout_model(model_config)
@@ -165,12 +167,12 @@ class RLLoop:
     self._last_progress = 0.0
     self.ckpt = Checkpointer(checkpoint) if checkpoint.directory else None
     self.ckpt_cfg, self.resume = checkpoint, resume
-    # Several processes (a mesh spanning them): each builds its own rows of every batch with
-    # its own co-located rollout engine (`train.loop.multihost`); process 0 alone writes metrics.
+    # Several processes (a mesh spanning them): each builds its own rows of every batch with its
+    # own co-located rollout engine (`train.loop.process_group`); process 0 alone writes metrics.
     self.hosts = None
     if multihost.spans_processes(mesh):
-      multihost.check_loop_settings(loop_config, client, offload)
-      self.hosts = multihost.ProcessGroup(mesh, rules, self.samples,
+      process_group.check_loop_settings(loop_config, client, offload)
+      self.hosts = process_group.ProcessGroup(mesh, rules, self.samples,
                                           loop_config.micro_batch_groups,
                                           self.fns.min_groups(self.samples))
       out_dir = out_dir if multihost.is_main() else None
@@ -413,9 +415,10 @@ class RLLoop:
     client = self._client
     if client is None:
       params, moe = _weights(state, self.precision.rollout_dtype, self._publish_mesh)
-      client = default_client(self.rollout_mc, params, self.lc, self.tok.eos_id, step,
-                              self.samples, self._engine_config, moe,
-                              warmup=self._warmup_engine, clock=self.clock)
+      ec = self._engine_config or default_engine_config(self.lc, self.samples, self.tok.eos_id)
+      client = embedded_client(self.rollout_mc, ec, self.lc, warmup=self._warmup_engine,
+                               clock=self.clock)
+      client.publish(params, step, moe)
     else:
       _publish(client, state, step, self.precision.rollout_dtype, self._publish_mesh)
     self.client = client

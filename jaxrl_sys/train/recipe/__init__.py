@@ -2,7 +2,7 @@
 
 `build.build_recipe` / `build.run_recipe` (what `python -m experiments.grpo` runs),
 `run_dir` (run directories), `config_file` (`--config=FILE`), `presets` (models and their
-tokenizers), `rollout_setup` (where rollout runs, and the Ray client).
+tokenizers).
 """
 from jaxrl_sys.train.recipe.build import (Recipe, RecipeConfig, RecipeResult, build_recipe,
                                           recipe_mesh, run_name, run_recipe)

@@ -39,13 +39,15 @@ from jaxrl_sys.train.recipe.config_file import (HISTORY_KEY, WriteOnce, reproduc
                                                 settings_history)
 from jaxrl_sys.train.loop.groups import encode_prompt
 from jaxrl_sys.train.loop.guard import DivergenceError
-from jaxrl_sys.train.loop import multihost
+from jaxrl_sys.train.dist import multihost
 from jaxrl_sys.train.loop.rl_loop import RLLoop, RunResult
-from jaxrl_sys.train.loop.local_client import check_lengths, default_engine_config
+from jaxrl_sys.train.loop.config import check_lengths
+from jaxrl_sys.train.loop.plan import default_engine_config
 from jaxrl_sys.train.loop.metrics_log import Progress, plot_history
 from jaxrl_sys.train.loop.periodic_eval import SYNTHETIC_EVAL_START, PeriodicEval
 from jaxrl_sys.train.recipe.presets import LoadedModel, load_model
-from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup, ray_client
+from jaxrl_sys.rollout.setup.factory import make_client
+from jaxrl_sys.rollout.setup.spec import ClientOptions, RolloutSetup
 from jaxrl_sys.train.recipe.run_config import RecipeConfig, RunConfig
 from jaxrl_sys.train.recipe.run_dir import (RESUME_OVERWRITE, check_directory_path,
                                             check_export_dir, claim_checkpoint_dir,
@@ -205,7 +207,7 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
     raise ValueError(f"--sft_steps={rc.warmup.steps}: the supervised warm-up trains on "
                      "reference answers, and the task's rows have none; pass --sft_steps=0")
   train = rc.train.train_config(rc.optim, rc.loop)
-  check_lengths(model.config, rc.loop)
+  check_lengths(model.config.max_seq_len, rc.loop)
   samples = rc.loop.group_size + int(train.advantage.baseline == "median")
   limits.check_memory(model.config, min(rc.loop.micro_batch_groups, rc.loop.prompts_per_step)
                       * samples, rc.loop.seq_len, jax.devices()[0])
@@ -350,8 +352,9 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
   if recipe.rollout.rollout == "ray":
     engine = default_engine_config(recipe.loop, recipe.loop.group_size + int(
         recipe.train.advantage.baseline == "median"), tok.eos_id)
-    client = ray_client(recipe.rollout, rc.precision.rollout_model(mc), engine, seed=rc.loop.seed,
-                        compile_cache=jax.config.jax_compilation_cache_dir or None)
+    options = ClientOptions(seed=rc.loop.seed,
+                            compile_cache=jax.config.jax_compilation_cache_dir or None)
+    client = make_client(recipe.rollout, rc.precision.rollout_model(mc), engine, options=options)
   loop = RLLoop(mc, recipe.train, recipe.loop, recipe.task, tok, mesh, init_params=init,
                 client=client, checkpoint=ckpt, resume=resume, out_dir=run_dir,
                 progress=progress, offload=recipe.rollout.offload_config(), step_hooks=hooks,

@@ -18,7 +18,7 @@ from jaxrl_sys.rollout import InProcessWorker, ManagerConfig, RolloutManager
 from jaxrl_sys.rollout.elastic.offload import OffloadConfig
 from jaxrl_sys.train import recipe as recipe_lib
 from jaxrl_sys.train.loop.rl_loop import RLLoop
-from jaxrl_sys.train.loop.local_client import default_engine_config
+from jaxrl_sys.train.loop.plan import default_engine_config
 from tests.conftest import RAY_COMPILE_CACHE
 from tests.train.common import quick
 
