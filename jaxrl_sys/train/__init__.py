@@ -16,9 +16,10 @@
   `rollout_weights` casts the masters for publishing).
 
 `loop/`, the side effects:
-- `RLLoop(...).run() -> RunResult`: prompts -> rollout (any `RolloutClient`; in-process engine
-  by default) -> rewards -> advantages -> train -> publish -> checkpoint; sync / one_off /
-  async (AReaL staleness), dynamic micro-batching, SIGTERM = save and stop. `LoopConfig`.
+- `RLLoop(plan, programs, client, task, tokenizer, ...).run() -> RunResult`: prompts ->
+  rollout (a `rollout.RolloutSession` the caller built) -> rewards -> advantages -> train ->
+  publish -> checkpoint; sync / one_off / async (AReaL staleness), dynamic micro-batching,
+  SIGTERM = save and stop. `LoopConfig`; `RunPlan`, the run's arithmetic computed once.
 - `Checkpointer`: orbax async saves, keep-last-K, fingerprints, fallback from corrupt steps;
   `CheckpointMismatchError` when a checkpoint belongs to another run configuration.
   `CheckpointConfig`.
@@ -34,7 +35,8 @@
 - `RunConfig`: every run setting, one documented field of one section; the flags of
   `python -m experiments.grpo` are generated from it. `RecipeConfig`: its flat façade.
 - `build_recipe`, `run_recipe`: what `python -m experiments.grpo` runs, in its own run
-  directory (`prepare_run_dir`, `new_run_dir`); `load_model`.
+  directory (`prepare_run_dir`, `new_run_dir`); `load_model`; `rollout_session`,
+  `eval_session`, `make_loop`: a recipe's pieces, each built in one place.
 
 Every name below is imported on first access (module `__getattr__`), so importing
 `jaxrl_sys.train.step.config` loads neither orbax, the loop nor the rollout wings.
@@ -57,10 +59,11 @@ _NAMES = {
     "PrecisionConfig": "jaxrl_sys.train.precision",
     "Progress": "jaxrl_sys.train.loop.metrics_log",
     "RLLoop": "jaxrl_sys.train.loop.rl_loop",
-    "RecipeConfig": "jaxrl_sys.train.recipe.build",
-    "RecipeResult": "jaxrl_sys.train.recipe.build",
+    "RecipeConfig": "jaxrl_sys.train.recipe.run_config",
+    "RecipeResult": "jaxrl_sys.train.recipe.run",
     "Restored": "jaxrl_sys.train.loop.checkpoint",
     "RolloutBuffer": "jaxrl_sys.train.loop.buffer",
+    "RunPlan": "jaxrl_sys.train.loop.plan",
     "RunConfig": "jaxrl_sys.train.recipe.run_config",
     "RunResult": "jaxrl_sys.train.loop.rl_loop",
     "Sample": "jaxrl_sys.train.step.batch",
@@ -87,7 +90,7 @@ _NAMES = {
     "plot_history": "jaxrl_sys.train.loop.metrics_log",
     "prepare_run_dir": "jaxrl_sys.train.recipe.run_dir",
     "rollout_weights": "jaxrl_sys.train.precision",
-    "run_recipe": "jaxrl_sys.train.recipe.build",
+    "run_recipe": "jaxrl_sys.train.recipe.run",
     "stack": "jaxrl_sys.train.step.batch",
     "state_shardings": "jaxrl_sys.train.step.state",
     "supervised_warmup": "jaxrl_sys.train.loop.supervised",

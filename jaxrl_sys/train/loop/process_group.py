@@ -1,7 +1,7 @@
 """The RL loop's step over several JAX processes: which process builds which rows.
 
 The mesh spans every process's devices. Each step trains the `B` groups admitted for it
-(sync mode), laid out by a plan that depends only on the step's group ids and the loop
+(sync mode), arranged by a layout that depends only on the step's group ids and the loop
 settings, never on the process count: the groups in id order, split into micro-batches by
 `batch.micro_batches(B, m_b, min_groups)`, group `k` of a micro-batch on rows
 `[k S, (k + 1) S)` of its `[padded S, T]` arrays. The batch sharding gives each process a
@@ -21,31 +21,20 @@ and stops.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import numpy as np
 
+from jaxrl_sys.rollout.clock import Clock
 from jaxrl_sys.train.dist.multihost import allgather, compile_then_sync, row_block
-from jaxrl_sys.train.loop.config import extra_groups
+from jaxrl_sys.train.loop.buffer import RolloutBuffer
 from jaxrl_sys.train.loop.groups import score_groups
+from jaxrl_sys.train.loop.local_step import StepOutcome
+from jaxrl_sys.train.loop.plan import RunPlan
 from jaxrl_sys.train.loop.step_stats import StepStats
 from jaxrl_sys.train.step import batch as batch_lib
-from jaxrl_sys.train.step.update import batch_sharding
-
-
-def check_loop_settings(loop, client, offload) -> None:
-  """Raises ValueError for `RLLoop` settings a mesh spanning several processes does not
-  support: each step's groups must be fixed in advance (sync mode, no over-provisioning), and
-  rollout is each process's own in-process engine (no external client, no offload)."""
-  if loop.mode != "sync" or extra_groups(loop):
-    raise ValueError(
-        f"a mesh spanning {jax.process_count()} processes trains with --mode=sync and "
-        f"--oversample=1 (got --mode={loop.mode}, --oversample={loop.oversample:g}): each "
-        "step's groups must be fixed in advance so every process knows its rows")
-  if client is not None or offload is not None:
-    raise ValueError(f"a mesh spanning {jax.process_count()} processes uses each process's "
-                     "own in-process rollout (--rollout=local); Ray rollout and offload are "
-                     "single-process only")
+from jaxrl_sys.train.step.update import TrainFns, batch_sharding
 
 
 @dataclasses.dataclass
@@ -56,30 +45,36 @@ class MicroBatch:
 
 
 class ProcessGroup:
-  """This process's part of a multi-process `RLLoop` (see the module docstring).
+  """This process's part of a multi-process run's step (see the module docstring): the same
+  interface as `local_step.LocalStep` (`claim`, `train_step`), so the loop has one step.
 
   Args:
+    plan: the run's plan (samples per group, m_b, row lengths, response budget).
+    fns: the jitted step pieces on the global mesh (`fns.min_groups` sizes the micro-batches).
+    task, tokenizer: for scoring and packing.
     mesh: the global mesh; rules: its logical-axis rules.
-    samples: samples per group S; max_groups: m_b; min_groups: `TrainFns.min_groups(S)`.
+    clock: times the training.
   """
 
-  def __init__(self, mesh: jax.sharding.Mesh, rules, samples: int, max_groups: int,
-               min_groups: int):
-    self.mesh, self.rules, self.samples = mesh, rules, samples
-    self.max_groups, self.min_groups = max_groups, min_groups
+  def __init__(self, plan: RunPlan, fns: TrainFns, task, tokenizer, mesh: jax.sharding.Mesh,
+               rules, *, clock: Clock):
+    self.plan, self.fns, self.task, self.tok, self.clock = plan, fns, task, tokenizer, clock
+    self.mesh, self.rules, self.samples = mesh, rules, plan.samples_per_group
+    self.max_groups = plan.loop.micro_batch_groups
+    self.min_groups = fns.min_groups(self.samples)
     self.index, self.count = jax.process_index(), jax.process_count()
-    self.plan: list[MicroBatch] = []
+    self.layout: list[MicroBatch] = []
     self._warmed: set = set()
 
   # ----- admission ---------------------------------------------------------------------------
   def claim(self, group_ids: list[int]) -> list[int]:
     """Records the step's groups (the same list on every process) and returns the ones this
     process generates: those with a row in its block."""
-    self.plan, i = [], 0
+    self.layout, i = [], 0
     for n, padded in batch_lib.micro_batches(len(group_ids), self.max_groups, self.min_groups):
-      self.plan.append(MicroBatch(list(group_ids[i:i + n]), padded))
+      self.layout.append(MicroBatch(list(group_ids[i:i + n]), padded))
       i += n
-    return [g for mb in self.plan for g in self._mine(mb)[0]]
+    return [g for mb in self.layout for g in self._mine(mb)[0]]
 
   def _mine(self, mb: MicroBatch) -> tuple[list[int], int, int, int, list[bool]]:
     """(groups touching this process's rows, first row of the first of them, the row block
@@ -91,39 +86,40 @@ class ProcessGroup:
             [start <= k * s < stop for k in ks])
 
   # ----- one step ----------------------------------------------------------------------------
-  def train_step(self, loop, state, client, buffer, version: int):
-    """The multi-process `RLLoop._train_step`: waits for this process's groups, then packs,
-    hands over and trains every micro-batch of the plan. Returns
-    `(state, metrics, taken, StepStats, t_roll, t_train)`."""
-    clock, fns, s = loop.clock, loop.fns, self.samples
-    mine = {g for mb in self.plan for g in self._mine(mb)[0]}
+  def train_step(self, state, buffer: RolloutBuffer, version: int,  # pylint: disable=unused-argument
+                 poll: Callable[[], float]) -> StepOutcome:
+    """Waits for this process's groups (`poll()` files completions into `buffer` and returns
+    the seconds it waited), then packs, hands over and trains every micro-batch of the
+    step's layout (`claim`)."""
+    clock, fns, s, plan = self.clock, self.fns, self.samples, self.plan
+    mine = {g for mb in self.layout for g in self._mine(mb)[0]}
     t_roll = t_train = 0.0
     while any(not buffer.groups[g].complete for g in mine):
-      t_roll += loop._poll(client, buffer)  # pylint: disable=protected-access
+      t_roll += poll()
     taken = {g: buffer.pop(g) for g in sorted(mine)}
-    size = sum(len(mb.group_ids) for mb in self.plan) * s
-    width = loop.lc.max_new_tokens
+    size = sum(len(mb.group_ids) for mb in self.layout) * s
+    width = plan.loop.max_new_tokens
     record = np.zeros((size, 5 + width), np.float32)  # primary, reward, len, stopped, zv, versions
     acc, metrics, positions, base = None, None, 0, 0
     t0 = clock.now()
-    for mb in self.plan:
+    for mb in self.layout:
       ids, first_row, start, stop, primary = self._mine(mb)
       rows = mb.padded * s
       samples: list = []
       if ids:
-        sc = score_groups([taken[g] for g in ids], loop.task, loop.tok, loop.tc.advantage,
+        sc = score_groups([taken[g] for g in ids], self.task, self.tok, plan.train.advantage,
                           pad_to=mb.padded)
         lo = start - first_row
         samples = sc.samples[lo:lo + stop - start]
         self._record(record, base, mb, ids, primary, sc, taken)
-      t = int(allgather(np.array([loop._row_length(samples) if samples else 1],  # pylint: disable=protected-access
-                                  np.int32)).max())
+      t = int(allgather(np.array([plan.row_length(samples) if samples else 1],
+                                 np.int32)).max())
       positions += len(mb.group_ids) * s * t
-      local = batch_lib.pack(samples, stop - start, t, loop.tok.pad_id, window=width)
+      local = batch_lib.pack(samples, stop - start, t, self.tok.pad_id, window=width)
       gbatch = batch_lib.TrainBatch(*(jax.make_array_from_process_local_data(
           batch_sharding(self.mesh, (rows,) + x.shape[1:], False, self.rules), x,
           (rows,) + x.shape[1:]) for x in local))
-      if len(self.plan) == 1:
+      if len(self.layout) == 1:
         self._warm("fused_step", fns.fused_step, state, gbatch)
         state, metrics = fns.fused_step(state, gbatch)
       else:
@@ -139,7 +135,7 @@ class ProcessGroup:
     metrics = jax.device_get(metrics)
     t_train += clock.now() - t0
     stats = self._stats(record, width, positions)
-    return state, metrics, list(taken.values()), stats, t_roll, t_train
+    return StepOutcome(state, metrics, list(taken.values()), stats, t_roll, t_train)
 
   def _warm(self, name: str, fn, *args) -> None:
     """Before the first call of `fn` on these shapes: compile it, then sync (see `sync`)."""
@@ -177,5 +173,5 @@ class ProcessGroup:
     return StepStats(rewards=merged[:, 1].copy(), lengths=merged[:, 2].astype(np.int64),
                      stopped=merged[:, 3] > 0, versions=versions[versions > -2].astype(np.int64),
                      zero_variance=int(merged[:, 4].sum()),
-                     group_ids=[g for mb in self.plan for g in mb.group_ids],
+                     group_ids=[g for mb in self.layout for g in mb.group_ids],
                      trained_positions=int(positions))

@@ -1,4 +1,6 @@
 """The multi-process step layout, without a JAX job: which process builds which rows."""
+import types
+
 import pytest
 
 from jaxrl_sys.train.loop import process_group
@@ -19,12 +21,15 @@ def test_every_row_has_one_reporting_process_whatever_the_process_count(
       assert rows % processes == 0
       return p * rows // processes, (p + 1) * rows // processes
     monkeypatch.setattr(process_group, "row_block", block)
-    pg = process_group.ProcessGroup(None, None, samples, max_groups=4, min_groups=processes)
+    plan = types.SimpleNamespace(samples_per_group=samples,
+                                 loop=types.SimpleNamespace(micro_batch_groups=4))
+    fns = types.SimpleNamespace(min_groups=lambda s: processes)
+    pg = process_group.ProcessGroup(plan, fns, None, None, None, None, clock=None)
     claims.append(pg.claim(ids))
-    plans.append([(mb.group_ids, mb.padded) for mb in pg.plan])
-    primaries.append([g for mb in pg.plan for g, first in zip(pg._mine(mb)[0], pg._mine(mb)[4])
+    plans.append([(mb.group_ids, mb.padded) for mb in pg.layout])
+    primaries.append([g for mb in pg.layout for g, first in zip(pg._mine(mb)[0], pg._mine(mb)[4])
                       if first])
-    for mb in pg.plan:  # the claimed groups cover the block's sample rows, no more
+    for mb in pg.layout:  # the claimed groups cover the block's sample rows, no more
       got, first_row, start, stop, _ = pg._mine(mb)
       rows = {r for k, g in enumerate(mb.group_ids) if g in got
               for r in range(k * samples, (k + 1) * samples)}
