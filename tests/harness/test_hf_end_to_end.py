@@ -77,7 +77,7 @@ def test_train_and_export_loads_in_transformers(tmp_path):
   rc = quick(model=d, steps=2, out_dir=str(tmp_path / "run"), export_hf=str(tmp_path / "hf"),
              progress=False, sft_steps=None, learning_rate=1e-2)
   recipe = recipe_lib.build_recipe(rc)
-  assert recipe.config.sft_steps == 0  # a user's model is not fine-tuned on the answers
+  assert recipe.config.warmup.steps == 0  # a user's model is not fine-tuned on the answers
   result = recipe_lib.run_recipe(recipe)
   out = str(tmp_path / "hf")
   for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):

@@ -51,13 +51,18 @@ from jaxrl_sys.train.step.programs import train_programs
 # None. The tiny presets' warm-up steps when `sft_steps` is None (a user's model gets none).
 TASK_DEFAULTS = {"arithmetic": ("num_digits=1,ops=+", 8, 4), "countdown": ("", 16, 8)}
 PRESET_SFT_STEPS = 60
-# Identity of a run for `--resume` (CheckpointConfig.identity): what is trained, and on what
-# (short setting names, as checkpoints written before the config tree recorded them).
-IDENTITY_KEYS = ("model", "algo", "task", "task_args", "reward", "group_size",
-                 "prompts_per_step", "mode", "max_staleness", "max_new_tokens", "max_prompt_len",
-                 "temperature", "kl_coef", "seed", "chat_template", "oversample",
-                 "skip_nonfinite", "param_dtype", "compute_dtype", "rollout_dtype",
-                 "behav_weight_cap")
+# Identity of a run for `--resume` (CheckpointConfig.identity): what is trained, and on what;
+# recorded under short keys, as checkpoints written before the config tree recorded them.
+IDENTITY = {
+    "model": "model.name", "algo": "train.algo", "task": "task.name", "task_args": "task.args",
+    "reward": "task.reward", "group_size": "loop.group_size",
+    "prompts_per_step": "loop.prompts_per_step", "mode": "loop.mode",
+    "max_staleness": "loop.max_staleness", "max_new_tokens": "loop.max_new_tokens",
+    "max_prompt_len": "loop.max_prompt_len", "temperature": "loop.temperature",
+    "kl_coef": "train.kl_coef", "seed": "loop.seed", "chat_template": "model.chat_template",
+    "oversample": "loop.oversample", "skip_nonfinite": "optim.skip_nonfinite",
+    "param_dtype": "precision.param_dtype", "compute_dtype": "precision.compute_dtype",
+    "rollout_dtype": "precision.rollout_dtype", "behav_weight_cap": "train.behav_weight_cap"}
 
 
 def parse_task_args(text: str) -> dict[str, Any]:
@@ -151,7 +156,7 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
       prompt longer than the context, unknown model or task, missing model files, a reward
       that cannot be imported, out-of-range numbers, output paths that are files).
   """
-  rc = rc.run_config() if hasattr(rc, "run_config") else rc
+  rc = rc.run_config() if isinstance(rc, RecipeConfig) else rc
   spec = parse_mesh(rc.distributed.mesh)
   precision = rc.precision.resolve()  # "auto" -> this backend's dtypes, recorded as resolved
   rc = dataclasses.replace(rc, precision=precision)
@@ -211,7 +216,7 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   limits.check_memory(model.config, min(rc.loop.micro_batch_groups, rc.loop.prompts_per_step)
                       * plan.samples_per_group, plan.seq_len, jax.devices()[0])
   encode_prompt(model.tokenizer, task.problem(0).prompt, rc.loop.max_prompt_len)  # fail early
-  identity = {k: rc.get(k) for k in IDENTITY_KEYS}
+  identity = {key: rc.get(path) for key, path in IDENTITY.items()}
   identity.update(kl_coef=plan.train.loss.kl_coef,
                   eval_split=n_eval if dataset and rc.eval.every else 0)
   ckpt = dataclasses.replace(rc.checkpoint, identity=json.loads(json.dumps(identity)))

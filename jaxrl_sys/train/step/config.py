@@ -46,13 +46,13 @@ class OptimConfig:
 
   def __post_init__(self):
     if not self.learning_rate > 0:
-      raise ValueError(f"--learning_rate={self.learning_rate} must be > 0")
+      raise ValueError(f"optim.learning_rate={self.learning_rate} must be > 0")
     if self.schedule not in SCHEDULES:
-      raise ValueError(f"--optim.schedule={self.schedule!r} is not one of {SCHEDULES}")
+      raise ValueError(f"optim.schedule={self.schedule!r} is not one of {SCHEDULES}")
     if self.warmup_steps < 0 or self.decay_steps < 0:
-      raise ValueError("warmup_steps and decay_steps must be >= 0")
+      raise ValueError("optim.warmup_steps and optim.decay_steps must be >= 0")
     if self.grad_clip < 0 or self.weight_decay < 0:
-      raise ValueError("grad_clip and weight_decay must be >= 0")
+      raise ValueError("optim.grad_clip and optim.weight_decay must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,6 +27,6 @@ def test_a_bad_preempt_trace_fails_before_ray_starts(tmp_path, monkeypatch):
   monkeypatch.setattr(ray_worker, "init_ray", no_ray)
   bad = tmp_path / "avail.log"
   bad.write_text("instance i-1 up at noon\n")
-  with pytest.raises(ValueError, match=r"--preempt_trace: .*avail.log:1: cannot tell the trace "
-                     r"format .*known formats: bamboo .*counts"):
+  with pytest.raises(ValueError, match=r"rollout.preempt_trace: .*avail.log:1: cannot tell the "
+                     r"trace format .*known formats: bamboo .*counts"):
     recipe_lib.build_recipe(quick(rollout="ray", num_workers=2, preempt_trace=str(bad)))
