@@ -58,7 +58,9 @@ class RunPlan:
     samples_per_group: S, completions per prompt (G, or G + 1 with MC-GRPO's median pivot).
     row_granule: the step between packed row lengths (`batch.row_granule`).
     inflight_groups: groups in flight at most (admission budget plus over-provisioning).
-    engine: the training rollout's engines (slots for every in-flight sample).
+    engine: the training rollout's engines (slots for every in-flight sample); its
+      `sampling` is the run's one sampling section: the engines sample at its temperature and
+      the step computes its log-probs at it.
     local_workers: in-process engines of the training rollout (they split the slots).
     eval_samples: completions per held-out problem of an evaluation.
     eval_engine: the evaluation rollout's engines (`eval_samples` per group).
@@ -98,14 +100,10 @@ class RunPlan:
 
     Raises:
       ValueError: the prompt bucket plus the response budget exceed the model's context;
-        the step's temperature differs from the sampling temperature; `precision` has "auto"
-        dtypes; a layout of several processes with settings it cannot split
+        `precision` has "auto" dtypes; a layout of several processes with settings it cannot split
         (`check_processes`).
     """
     check_lengths(model.max_seq_len, loop)
-    if train.temperature != loop.temperature:
-      raise ValueError(f"TrainConfig.temperature={train.temperature} must equal the sampling "
-                       f"temperature loop.temperature={loop.temperature}")
     samples = loop.group_size + int(train.advantage.baseline == "median")
     engine = engine_config(loop, samples, eos_id)
     eval_engine = engine_config(loop, eval_samples, eos_id)

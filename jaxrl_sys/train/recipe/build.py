@@ -261,7 +261,7 @@ def make_loop(recipe: Recipe, mesh: jax.sharding.Mesh, client: RolloutSession,
   step_hooks, resumables)."""
   plan = recipe.plan
   programs = train_programs(plan.train_model, plan.train, plan.precision.param_dtype, mesh,
-                            DEFAULT_RULES)
+                            DEFAULT_RULES, plan.engine.sampling)
   return RLLoop(plan, programs, client, recipe.task, recipe.model.tokenizer, **kwargs)
 
 

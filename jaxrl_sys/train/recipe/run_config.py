@@ -116,7 +116,7 @@ class AlgoConfig:
     extra = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
              if f.name not in ("algo", "kl_coef", "behav_weight_cap")}
     train = train_config_for_algo(self.algo, decoupled=loop.mode != "sync", kl_coef=self.kl_coef,
-                                  optim=optim, temperature=loop.temperature, **extra)
+                                  optim=optim, **extra)
     if self.behav_weight_cap is None:
       return train
     # Truncated importance sampling (clamp mode), sync included (losses.mismatch).
