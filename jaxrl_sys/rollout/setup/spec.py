@@ -134,18 +134,19 @@ class ClientOptions:
   """How a client's workers start: what the run derives, not a setting of `RolloutSetup`.
 
   Attributes:
-    local_workers: in-process engines (>= 1): one `InProcessWorker`, or that many
-      `ThreadWorker`s splitting the decode slots (`rollout.setup.local`).
+    local_workers: in-process engines: one `InProcessWorker`, or that many `ThreadWorker`s
+      splitting the decode slots (`rollout.setup.local`); 0 = auto (`local_worker_count`).
     warmup: compile every prefill / decode shape of the in-process engines before the first
       request (no compilation stalls mid-run; a slower start). Ray workers always warm up.
     seed: seeds the Ray fleet's chaos schedule and trace sampling.
     compile_cache: the persistent compilation cache directory Ray workers use (None: none).
   """
-  local_workers: int = 1
+  local_workers: int = 0
   warmup: bool = False
   seed: int = 0
   compile_cache: str | None = None
 
   def __post_init__(self):
-    if self.local_workers < 1:
-      raise ValueError(f"ClientOptions.local_workers must be >= 1, got {self.local_workers}")
+    if self.local_workers < 0:
+      raise ValueError(f"ClientOptions.local_workers must be >= 0 (0 = auto), got "
+                       f"{self.local_workers}")

@@ -239,7 +239,8 @@ def rollout_session(recipe: Recipe, *, warmup: bool = False, clock: Clock = WALL
     clock: the session's time source.
   """
   plan = recipe.plan
-  options = ClientOptions(local_workers=plan.local_workers, warmup=warmup, seed=plan.loop.seed,
+  options = ClientOptions(local_workers=plan.loop.local_workers, warmup=warmup,
+                          seed=plan.loop.seed,
                           compile_cache=jax.config.jax_compilation_cache_dir or None)
   return make_client(recipe.rollout, plan.rollout_model, plan.engine, options=options,
                      clock=clock)
@@ -250,7 +251,7 @@ def eval_session(recipe: Recipe) -> RolloutSession:
   problem, running the policy in its training dtypes; the caller closes it."""
   plan = recipe.plan
   return make_client(_IN_PROCESS, plan.train_model, plan.eval_engine,
-                     options=ClientOptions(local_workers=plan.eval_local_workers))
+                     options=ClientOptions(local_workers=plan.loop.local_workers))
 
 
 def make_loop(recipe: Recipe, mesh: jax.sharding.Mesh, client: RolloutSession,
