@@ -24,7 +24,7 @@ LAYERS = (
     ("jaxrl_sys.rollout",),
     ("jaxrl_sys.sim",),
     ("jaxrl_sys.train.step", "jaxrl_sys.train.precision"),
-    ("jaxrl_sys.train.dist",),
+    ("jaxrl_sys.train.multihost",),
     ("jaxrl_sys.train.loop",),
     ("jaxrl_sys.train.recipe",),
     ("jaxrl_sys.train",),  # the package face: names everything below, lazily
@@ -175,9 +175,9 @@ def test_no_import_circle_in_the_package():
 
 
 def test_imports_run_down_the_layers():
-  """step never imports dist, loop or recipe; dist never loop or recipe; loop never recipe;
-  rollout never train; models never rollout or train; ... (function-level imports and lazy
-  tables counted)."""
+  """step never imports multihost, loop or recipe; multihost never loop or recipe; loop never
+  recipe; rollout never train; models never rollout or train; ... (function-level imports and
+  lazy tables counted)."""
   graph = import_graph(_modules(), lazy=True)
   assert upward_imports(graph) == []
   assert "jaxrl_sys.rollout.types" in graph["jaxrl_sys.train.loop.rl_loop"]  # edges are seen

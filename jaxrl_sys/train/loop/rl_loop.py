@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.types import RolloutSession
 from jaxrl_sys.rollout.wire import request_to_json
-from jaxrl_sys.train.dist import multihost
+from jaxrl_sys.train.multihost import collectives as multihost
 from jaxrl_sys.train.loop.buffer import RolloutBuffer
 from jaxrl_sys.train.loop.checkpoint import Checkpointer, CheckpointsUnreadable
 from jaxrl_sys.train.loop.config import CheckpointConfig

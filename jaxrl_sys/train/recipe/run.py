@@ -22,7 +22,7 @@ from jaxrl_sys.models import init_params
 from jaxrl_sys.rollout.clock import WALL
 from jaxrl_sys.sharding import MeshSpec, make_mesh
 from jaxrl_sys.tasks import CountingTask
-from jaxrl_sys.train.dist import multihost
+from jaxrl_sys.train.multihost import collectives as multihost
 from jaxrl_sys.train.loop.guard import DivergenceError
 from jaxrl_sys.train.loop.metrics_log import Progress, plot_history
 from jaxrl_sys.train.loop.periodic_eval import PeriodicEval

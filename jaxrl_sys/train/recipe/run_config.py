@@ -46,7 +46,7 @@ import typing
 from typing import Any, Mapping
 
 from jaxrl_sys.rollout.setup.spec import RolloutSetup
-from jaxrl_sys.train.dist.job import DistributedConfig
+from jaxrl_sys.train.multihost.job import DistributedConfig
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.precision import PrecisionConfig
 from jaxrl_sys.train.step.config import ALGOS, OptimConfig, TrainConfig, train_config_for_algo

@@ -34,7 +34,7 @@ def is_main() -> bool:
 # (process 1 compiles what process 0 loads from the persistent cache, whose keys include the
 # local devices and which only process 0 writes). So every collective is preceded by a
 # coordination-service barrier, which waits as long as it takes (a lost peer is the
-# watchdog's: `train.dist.job.Watchdog`), and a program is compiled before that barrier.
+# watchdog's: `train.multihost.job.Watchdog`), and a program is compiled before that barrier.
 BARRIER_TIMEOUT_S = 3600
 _barriers = [0]
 

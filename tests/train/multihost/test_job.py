@@ -3,8 +3,8 @@ runs on an in-memory key-value store with an injected clock)."""
 import pytest
 
 from experiments import grpo
-from jaxrl_sys.train.dist import job
-from jaxrl_sys.train.dist.job import DistributedConfig, Watchdog, parse_device_ids
+from jaxrl_sys.train.multihost import job
+from jaxrl_sys.train.multihost.job import DistributedConfig, Watchdog, parse_device_ids
 from jaxrl_sys.train.recipe import RecipeConfig, config_file
 from jaxrl_sys.train.recipe.run_config import RunConfig
 
