@@ -209,12 +209,26 @@ def test_a_planted_upward_import_fails_the_layer_check(tmp_path):
 def test_manager_elastic_and_simulator_import_without_jax():
   code = ("import sys, jaxrl_sys.sim, jaxrl_sys.rollout.manager, jaxrl_sys.rollout.elastic.offload,"
           " jaxrl_sys.rollout.elastic.fleet, jaxrl_sys.rollout.elastic.schedules,"
-          " jaxrl_sys.rollout.workers, jaxrl_sys.rollout.weights, jaxrl_sys.rollout\n"
+          " jaxrl_sys.rollout.workers, jaxrl_sys.rollout.weights, jaxrl_sys.rollout,"
+          " jaxrl_sys.rollout.setup.spec\n"
           "from jaxrl_sys.rollout import RolloutManager, ManagerConfig, Request, WorkerLost\n"
           "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'flax')))\n"
           "assert not bad, bad[:5]\n"
           "from jaxrl_sys.rollout import Engine\n"  # the lazy attribute still resolves
           "assert 'jax' in sys.modules and Engine.__name__ == 'Engine'\n")
+  res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, check=False)
+  assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_the_train_package_face_is_lazy():
+  """Importing the step's config loads neither orbax, the loop, the recipe nor rollout."""
+  code = ("import sys, jaxrl_sys.train.step.config\n"
+          "bad = sorted(m for m in sys.modules if m.startswith(('orbax', 'jaxrl_sys.rollout',"
+          " 'jaxrl_sys.train.loop', 'jaxrl_sys.train.recipe')))\n"
+          "assert not bad, bad[:5]\n"
+          "from jaxrl_sys.train import RLLoop\n"  # the lazy name still resolves
+          "assert 'jaxrl_sys.train.loop.rl_loop' in sys.modules and RLLoop.__name__ == 'RLLoop'\n")
   res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=120, check=False)
   assert res.returncode == 0, res.stderr[-2000:]
