@@ -230,20 +230,21 @@ def _train(jax, recipe_lib, DivergenceError):  # pylint: disable=invalid-name
   except (RequestFailedError, RolloutStalledError, WeightPullError) as e:
     print(f"error: rollout: {e}", file=sys.stderr)  # checkpoints already saved are kept
     return 1
-  step = int(jax.device_get(result.state.step))
+  run = result.run
+  step = int(jax.device_get(run.state.step))
   total = recipe.config.loop.steps
-  last = result.history[-1] if result.history else {}
-  if result.stop_signal == "SIGINT":
+  last = run.history[-1] if run.history else {}
+  if run.stop_signal == "SIGINT":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     print(f"interrupted (SIGINT) after step {step}/{total}: checkpoint saved; continue with "
           "--resume", file=sys.stderr)
   else:
-    status = "preempted (checkpoint saved)" if result.preempted else "done"
+    status = "preempted (checkpoint saved)" if run.preempted else "done"
     if jax.process_count() > 1:
       status = f"process {jax.process_index()}/{jax.process_count()}: {status}"
     line = f"{status}: step {step}/{total}"
     line += (f", reward {last['reward_mean']:.3f}" if "reward_mean" in last
-             else " (nothing left to train)" if not result.history else "")
+             else " (nothing left to train)" if not run.history else "")
     if "eval_reward" in last:
       line += f", eval reward {last['eval_reward']:.3f}"
     print(line, file=sys.stderr)
@@ -251,7 +252,7 @@ def _train(jax, recipe_lib, DivergenceError):  # pylint: disable=invalid-name
     print(f"note: {note}", file=sys.stderr)
   if result.outputs:
     print("outputs:\n  " + "\n  ".join(result.outputs), file=sys.stderr)
-  return 130 if result.stop_signal == "SIGINT" else 0
+  return 130 if run.stop_signal == "SIGINT" else 0
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def test_train_and_export_loads_in_transformers(tmp_path):
                                                  add_generation_prompt=True, tokenize=True))])
   with torch.no_grad():
     ref = tm(torch.tensor(ids)).logits.numpy()
-  params, config = result.state.params, recipe.model.config
+  params, config = result.run.state.params, recipe.model.config
   hidden = models.forward(params, config, jnp.asarray(ids, jnp.int32)).hidden
   ours = np.asarray(models.logits_from_hidden(params, config, hidden))
   assert np.abs(ours - ref).max() < 1e-4  # the export is the run's final policy
@@ -109,6 +109,6 @@ def test_tiny_preset_export_has_a_working_tokenizer(tmp_path):
   with torch.no_grad():
     ref = tm(torch.tensor(ids)).logits.numpy()
   mc = recipe_lib.build_recipe(rc).model.config
-  hidden = models.forward(result.state.params, mc, jnp.asarray(ids, jnp.int32)).hidden
-  ours_logits = np.asarray(models.logits_from_hidden(result.state.params, mc, hidden))
+  hidden = models.forward(result.run.state.params, mc, jnp.asarray(ids, jnp.int32)).hidden
+  ours_logits = np.asarray(models.logits_from_hidden(result.run.state.params, mc, hidden))
   assert np.abs(ours_logits - ref).max() < 1e-4

@@ -48,7 +48,7 @@ def test_bf16_checkpoint_with_bf16_rollout(tmp_path, monkeypatch):
       "float32", "float32", "bfloat16")
   result = recipe_lib.run_recipe(recipe, messages=False)
   loop = _Recorded.last
-  masters = result.state.params
+  masters = result.run.state.params
   assert {x.dtype for x in jax.tree.leaves(masters)} == {jnp.dtype(jnp.float32)}
 
   # The weights the rollout engines got: the final masters cast to bfloat16, bit for bit.
@@ -95,10 +95,10 @@ def test_bf16_checkpoint_with_bf16_rollout(tmp_path, monkeypatch):
   recipe_lib.run_recipe(recipe_lib.build_recipe(part), messages=False)
   rest = dataclasses.replace(base, out_dir=str(tmp_path / "b"))
   resumed = recipe_lib.run_recipe(recipe_lib.build_recipe(rest), resume=True, messages=False)
-  assert resumed.resumed_from == 2
+  assert resumed.run.resumed_from == 2
   with np.load(tmp_path / "b" / "final_params.npz") as npz:
     for k, v in npz.items():
       np.testing.assert_array_equal(v, saved[k], err_msg=k)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-               resumed.state.opt_state, result.state.opt_state)
+               resumed.run.state.opt_state, result.run.state.opt_state)
   assert os.path.exists(tmp_path / "b" / "checkpoints")

@@ -42,9 +42,12 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
-class RecipeResult(RunResult):
-  """`RunResult` plus where the outputs went: run_dir (None without out_dir), outputs (one
-  line per artefact), notes (end-of-run remarks such as reward failures)."""
+class RecipeResult:
+  """A recipe's run: `run`, the loop's `RunResult` (final state, metrics history, whether it
+  was preempted, the step it resumed from, the stop signal), and where the outputs went:
+  run_dir (None without out_dir), outputs (one line per artefact), notes (end-of-run remarks
+  such as reward failures)."""
+  run: RunResult
   run_dir: str | None = None
   outputs: list[str] = dataclasses.field(default_factory=list)
   notes: list[str] = dataclasses.field(default_factory=list)
@@ -194,8 +197,7 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
   finally:
     for session in sessions:
       session.close()
-  out = RecipeResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(RunResult)},
-                     run_dir=run_dir)
+  out = RecipeResult(result, run_dir=run_dir)
   summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
   out.notes += recipe.notes + ([summary] if summary else [])
   params = result.state.params

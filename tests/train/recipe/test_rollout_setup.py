@@ -12,7 +12,7 @@ def test_two_local_engines_train_on_the_samples_one_engine_draws():
   engine draws, so the rewards are equal and the losses equal up to float reassociation."""
   runs = [recipe_lib.run_recipe(recipe_lib.build_recipe(quick(steps=2, local_workers=n)))
           for n in (1, 2)]
-  (a, b) = [[(h["reward_mean"], h["response_len_mean"], h["loss"], h["kl"]) for h in r.history]
+  (a, b) = [[(h["reward_mean"], h["response_len_mean"], h["loss"], h["kl"]) for h in r.run.history]
             for r in runs]
   np.testing.assert_array_equal(np.array(a)[:, :2], np.array(b)[:, :2])
   np.testing.assert_allclose(np.array(a)[:, 2:], np.array(b)[:, 2:], rtol=1e-4, atol=1e-6)
