@@ -64,7 +64,7 @@ def allgather(x: np.ndarray) -> np.ndarray:
   collective)."""
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
   sync("allgather")
-  return np.asarray(multihost_utils.processallgather(np.asarray(x), tiled=False))
+  return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=False))
 
 
 def agree_any(flag: bool) -> bool:
@@ -123,7 +123,7 @@ def gather_to_host(tree: Any) -> Any:
   def get(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
       sync("gather")
-      return np.asarray(multihost_utils.processallgather(x, tiled=True))
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))
   return jax.tree.map(get, tree)
 
