@@ -280,11 +280,8 @@ class RLLoop:
   # ----- the loop ----------------------------------------------------------------------------
   def run(self) -> RunResult:
     """Runs until `state.step == loop.steps` or a stop request; returns the final state."""
-    self.signals.install()
-    try:
+    with self.signals.installed():
       return self._run()
-    finally:
-      self.signals.restore()
 
   def _run(self) -> RunResult:
     try:

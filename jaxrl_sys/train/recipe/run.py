@@ -172,6 +172,11 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
   hooks = [recipe.task.metrics_hook] if isinstance(recipe.task, CountingTask) else []
   hooks += config_hooks
   sessions = [rollout_session(recipe)]  # built once here, closed once below
+
+  def close_sessions():
+    while sessions:
+      sessions.pop().close()
+
   try:
     resumables = {}
     offload = recipe.rollout.offload_config()
@@ -189,14 +194,19 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
     loop = make_loop(recipe, mesh, sessions[0], init_params=init, checkpoint=ckpt,
                      resume=resume, out_dir=run_dir, progress=progress, step_hooks=hooks,
                      resumables=resumables)
-    result = loop.run()
+    # The run's signal handlers stay while its rollout workers shut down: a Ctrl-C then is the
+    # run's second SIGINT, never a KeyboardInterrupt inside a thread join or a GC callback.
+    with loop.signals.installed():
+      try:
+        result = loop.run()
+      finally:
+        close_sessions()
   except DivergenceError:
     if run_dir and main:
       _plot(recipe, run_dir, [])
     raise
   finally:
-    for session in sessions:
-      session.close()
+    close_sessions()
   out = RecipeResult(result, run_dir=run_dir)
   summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
   out.notes += recipe.notes + ([summary] if summary else [])
