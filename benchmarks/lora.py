@@ -149,8 +149,9 @@ def engine_mismatch(rank: int, std: float = 1e-3, requests: int = 16) -> list[di
   """Log-prob difference of a bfloat16 rollout engine from the float32 trainer, adapters
   unmerged against merged (`--lora.merge`), on the tiny preset with adapters of a few
   optimizer steps (B ~ N(0, std)): the engine samples, the trainer recomputes its tokens."""
-  from jaxrl_sys.rollout import InProcessRollout, Request, request_key  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout import Request, request_key  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.rollout.engine.config import EngineConfig  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.engine.engine import Engine  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train.step import batch as batch_lib  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train.step.config import TrainConfig  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train.step.update import token_logprobs  # pylint: disable=import-outside-toplevel
@@ -163,18 +164,17 @@ def engine_mismatch(rank: int, std: float = 1e-3, requests: int = 16) -> list[di
   ec = EngineConfig(num_slots=requests, max_len=32, prefill_buckets=(16,),
                     prefill_batch_buckets=(requests,), decode_row_buckets=(requests,),
                     decode_len_buckets=(32,), sampling=models.SamplingConfig(temperature=1.0))
-  trainer = jax.jit(lambda b: token_logprobs(base, mc, TrainConfig(), b, None, ad)[0])
+  trainer = jax.jit(lambda b: token_logprobs(base, mc, TrainConfig(), b, None, ec.sampling,
+                                             ad)[0])
   out = []
   for merge in (False, True):
     cfg = dataclasses.replace(mc, param_dtype="bfloat16", compute_dtype="bfloat16",
                               lora=dataclasses.replace(mc.lora, merge=merge))
     cast = lambda t: jax.tree.map(lambda x: x.astype(jnp.bfloat16), t)  # noqa: E731
-    client = InProcessRollout.create(cfg, cast(ad), ec, base=cast(base))
-    client.submit([Request(i, rng.integers(3, mc.vocab_size, 6), 12, request_key(0, i))
+    engine = Engine(cfg, cast(ad), ec, base=cast(base))
+    engine.submit([Request(i, rng.integers(3, mc.vocab_size, 6), 12, request_key(0, i))
                    for i in range(requests)])
-    done = []
-    while client.num_pending():
-      done += client.poll(min_count=requests)
+    done = engine.run()
     samples = [batch_lib.Sample(c.request.prompt.astype(np.int32),
                                 np.asarray(c.request.tokens, np.int32),
                                 np.asarray(c.request.logprobs, np.float32),

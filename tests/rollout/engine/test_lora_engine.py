@@ -11,7 +11,6 @@ import pytest
 from jaxrl_sys import models
 from jaxrl_sys.models import lora as lora_lib
 from jaxrl_sys.models.config import LoraConfig
-from jaxrl_sys.rollout import InProcessRollout
 from jaxrl_sys.rollout.engine.engine import Engine
 from jaxrl_sys.train.step import batch as batch_lib
 from jaxrl_sys.train.step.config import TrainConfig
@@ -31,19 +30,15 @@ def _adapters(seed=1, std=0.1):
                                       for x, k in zip(leaves, keys)])
 
 
-def _generate(client, reqs):
-  client.submit(reqs)
-  done = {}
-  while len(done) < len(reqs):
-    for c in client.poll(min_count=len(reqs) - len(done)):
-      done[c.request_id] = c.request
+def _generate(engine, reqs):
+  engine.submit(reqs)
+  done = {c.request.request_id: c.request for c in engine.run()}
   return [done[r.request_id] for r in reqs]
 
 
 @jax.jit
 def _trainer_logprobs(base, ad, batch):
-  tc = TrainConfig(temperature=1.0)
-  return token_logprobs(base, LORA_CFG, tc, batch, None, ad)[0]
+  return token_logprobs(base, LORA_CFG, TrainConfig(), batch, None, PLAIN, ad)[0]
 
 
 def _check_against_trainer(base, ad, done):
@@ -59,16 +54,16 @@ def _check_against_trainer(base, ad, done):
 
 def test_unmerged_engine_logprobs_equal_the_trainers():
   base, ad = params(0), _adapters()
-  client = InProcessRollout.create(LORA_CFG, ad, engine_config(PLAIN), base=base)
-  done = _generate(client, make_requests(ROWS, seed=3))
+  engine = Engine(LORA_CFG, ad, engine_config(PLAIN), base=base)
+  done = _generate(engine, make_requests(ROWS, seed=3))
   diff, n = _check_against_trainer(base, ad, done)
   assert n > 20 and diff < 1e-5, diff
   # A new version swaps the adapters only (B = 0: the base's policy); the same request keys
   # now sample other tokens, whose log-probs are again the trainer's.
   zero = jax.tree_util.tree_map_with_path(lambda p, x: x * 0 if p[-1].key == "b" else x, ad)
-  client.publish(zero, 1)
-  again = _generate(client, make_requests(ROWS, seed=3))
-  assert client.engine.base is base and client.engine.version == 1
+  engine.set_weights(zero, 1)
+  again = _generate(engine, make_requests(ROWS, seed=3))
+  assert engine.base is base and engine.version == 1
   assert any(not np.array_equal(a.tokens, b.tokens) for a, b in zip(done, again))
   diff, _ = _check_against_trainer(base, zero, again)
   assert diff < 1e-5, diff

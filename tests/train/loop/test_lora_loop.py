@@ -14,7 +14,7 @@ import pytest
 from jaxrl_sys.models import lora as lora_lib
 from jaxrl_sys.train import recipe as recipe_lib
 from jaxrl_sys.train.loop.compat import CheckpointMismatchError
-from jaxrl_sys.train.recipe.build import LORA_BASE_FILE
+from jaxrl_sys.train.recipe.run import LORA_BASE_FILE
 from jaxrl_sys.train.recipe.run_dir import load_tree, save_tree
 from tests.train.common import quick
 
@@ -54,17 +54,17 @@ def _steps(ck):
 def test_sigterm_then_resume_is_bit_exact_and_another_base_is_refused(tmp_path):
   steps = dict(steps=4, save_every=1)
   ref = recipe_lib.run_recipe(recipe_lib.build_recipe(_config(**steps,
-                                                              out_dir=str(tmp_path / "ref"))))
+                                                              out_dir=str(tmp_path / "ref")))).run
   assert all(h["publish_bytes"] == lora_lib.nbytes(ref.state.params) for h in ref.history)
   out = str(tmp_path / "run")
   ck = os.path.join(out, "checkpoints")
   watcher = _sigterm_when(lambda: bool(_steps(ck)))
-  cut = recipe_lib.run_recipe(recipe_lib.build_recipe(_config(**steps, out_dir=out)))
+  cut = recipe_lib.run_recipe(recipe_lib.build_recipe(_config(**steps, out_dir=out))).run
   watcher.join()
   assert cut.preempted and cut.stop_signal == "SIGTERM" and len(cut.history) < 4
   assert os.path.exists(os.path.join(ck, LORA_BASE_FILE))  # the base the run made, written once
   again = recipe_lib.run_recipe(recipe_lib.build_recipe(_config(**steps, out_dir=out)),
-                                resume=True)
+                                resume=True).run
   assert again.resumed_from == len(cut.history) and not again.preempted
   a, b = _params(tmp_path / "ref"), _params(out)
   assert a.keys() == b.keys()
@@ -82,7 +82,7 @@ def test_sigterm_then_resume_is_bit_exact_and_another_base_is_refused(tmp_path):
 def test_moe_policy_async_mode_trains_with_expert_adapters():
   rc = _config(model="tiny_moe", mode="async", max_staleness=1, steps=3, algo="dapo",
                **{"lora.targets": "attention,experts"})
-  result = recipe_lib.run_recipe(recipe_lib.build_recipe(rc))
+  result = recipe_lib.run_recipe(recipe_lib.build_recipe(rc)).run
   assert all(np.isfinite(h["loss"]) and np.isfinite(h["grad_norm"]) for h in result.history)
   assert max(h["staleness_mean"] for h in result.history) > 0
   assert result.state.base is not None and "moe" in result.state.params["layers"]

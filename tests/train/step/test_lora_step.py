@@ -92,7 +92,7 @@ def test_adapter_gradient_equals_the_merged_weights_gradient():
     return out
 
   def loss_ours(ad):
-    lp, _, _ = token_logprobs(state.base, mc, tc, mb, state.moe_state, ad)
+    lp, _, _ = token_logprobs(state.base, mc, tc, mb, state.moe_state, lora=ad)
     return jnp.sum(lp * mb.loss_mask)
 
   def loss_ref(ad):
