@@ -1,5 +1,6 @@
-"""Low-rank adapters (LoRA) beside a frozen base: targets, initialisation, logical axes, the
-adapted matmul, merging, sizes and the base's digest.
+"""Low-rank adapters (LoRA) beside a frozen base: targets, initialisation, logical axes,
+merging, sizes and the base's digest (the adapted matmul is `layers.adapted_matmul`, the
+per-layer plumbing of the forward `models.adapters`; both re-exported here).
 
 The adapters are a pytree of their own, never inside the parameters. For each targeted weight
 W of `params["layers"]` (stacked over layers, see `models/transformer.py`) the adapter tree
@@ -28,34 +29,20 @@ import functools
 import hashlib
 import json
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_sys.models.adapters import (NO_EXPERT_ADAPTERS, WEIGHTS, get_path, layer_adapters,
+                                       routed, shared)
 from jaxrl_sys.models.config import LoraConfig, ModelConfig
-from jaxrl_sys.models.layers import token_matmul
-
-# Every weight an adapter may target: path under params["layers"] -> (target name, contracted
-# axes of its matmul, leading stacked axes: 1 = layers, 2 = layers and experts).
-WEIGHTS: dict[tuple[str, ...], tuple[str, int, int]] = {
-    ("attn", "wq"): ("q", 1, 1), ("attn", "wk"): ("k", 1, 1), ("attn", "wv"): ("v", 1, 1),
-    ("attn", "wo"): ("o", 2, 1),
-    ("mlp", "w_gate"): ("gate", 1, 1), ("mlp", "w_up"): ("up", 1, 1),
-    ("mlp", "w_down"): ("down", 1, 1),
-    ("moe", "w_gate"): ("gate", 1, 2), ("moe", "w_up"): ("up", 1, 2),
-    ("moe", "w_down"): ("down", 1, 2),
-    ("moe", "shared", "w_gate"): ("gate", 1, 1), ("moe", "shared", "w_up"): ("up", 1, 1),
-    ("moe", "shared", "w_down"): ("down", 1, 1),
-}
-_PATHS = tuple(WEIGHTS)
-_GROUPS = {"attention": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
-_ROUTED = ("w_gate", "w_up", "w_down")
-# MoE paths whose custom-VJP kernels have no adapter terms ("auto" picks "blocked" instead).
-NO_EXPERT_ADAPTERS = ("slots", "segments")
+from jaxrl_sys.models.layers import Adapter, adapted_matmul
+from jaxrl_sys.models.transformer import init_params, param_axes
 
 Adapters = dict[str, Any]
+_GROUPS = {"attention": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
 
 
 def _lora(config: ModelConfig) -> LoraConfig:
@@ -103,14 +90,6 @@ def target_paths(config: ModelConfig) -> tuple[tuple[str, ...], ...]:
   return tuple(out)
 
 
-def _get(tree: Any, path: tuple[str, ...]) -> Any:
-  for k in path:
-    if tree is None or k not in tree:
-      return None
-    tree = tree[k]
-  return tree
-
-
 def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
   for k in path[:-1]:
     tree = tree.setdefault(k, {})
@@ -119,13 +98,12 @@ def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
 
 def _shapes(config: ModelConfig) -> dict[tuple[str, ...], tuple[tuple[int, ...], tuple[int, ...]]]:
   """Targeted path -> (A's shape, B's shape), stacked over layers (and experts)."""
-  from jaxrl_sys.models.transformer import init_params  # pylint: disable=import-outside-toplevel
   base = jax.eval_shape(lambda: init_params(without_lora(config), jax.random.key(0)))
   r = _lora(config).rank
   out = {}
   for path in target_paths(config):
     _, contract, lead = WEIGHTS[path]
-    shape = _get(base["layers"], path).shape
+    shape = get_path(base["layers"], path).shape
     stack, rest = shape[:lead], shape[lead:]
     out[path] = (stack + rest[:contract] + (r,), stack + (r,) + rest[contract:])
   return out
@@ -160,77 +138,15 @@ def init_lora(config: ModelConfig, key: jax.Array) -> Adapters:
 def lora_axes(config: ModelConfig) -> Adapters:
   """Logical axes of `init_lora`'s tree: A takes W's input axes, B its output axes, the rank
   axis is replicated (same tree structure)."""
-  from jaxrl_sys.models.transformer import param_axes  # pylint: disable=import-outside-toplevel
   axes = param_axes(without_lora(config))["layers"]
   out: dict = {}
   for path in target_paths(config):
     _, contract, lead = WEIGHTS[path]
-    w = _get(axes, path)
+    w = get_path(axes, path)
     stack, rest = tuple(w[:lead]), tuple(w[lead:])
     _set(out, path, {"a": stack + rest[:contract] + (None,),
                      "b": stack + (None,) + rest[contract:]})
   return {"layers": out}
-
-
-class Adapter(NamedTuple):
-  """One targeted weight's adapter inside the forward (one layer's slice).
-
-  a: `[*lead, *in, r]`; b: `[*lead, r, *out]` (lead: the expert axis for routed experts);
-  scale: alpha / rank; key: dropout key of this weight in this layer (None: no dropout);
-  rate: the dropout rate.
-  """
-  a: jax.Array
-  b: jax.Array
-  scale: float
-  key: jax.Array | None = None
-  rate: float = 0.0
-
-  def drop(self, x: jax.Array) -> jax.Array:
-    """Dropout on the adapter's input `x` (the base matmul sees `x` unchanged)."""
-    if self.key is None or not self.rate:
-      return x
-    keep = jax.random.bernoulli(self.key, 1.0 - self.rate, x.shape)
-    return jnp.where(keep, x / (1.0 - self.rate), 0).astype(x.dtype)
-
-  def delta(self, x: jax.Array, contract: int = 1) -> jax.Array:
-    """`scale * (drop(x) @ a) @ b` for a weight without a lead axis; `[..., *out]`."""
-    h = token_matmul(self.drop(x), self.a, contract)
-    return token_matmul(h * jnp.asarray(self.scale, h.dtype), self.b)
-
-
-def adapted_matmul(x: jax.Array, w: jax.Array, adapter: Adapter | None,
-                   contract: int = 1) -> jax.Array:
-  """`x @ w` (`token_matmul`), plus the adapter's `scale * (x @ A) @ B` when there is one."""
-  y = token_matmul(x, w, contract)
-  return y if adapter is None else y + adapter.delta(x, contract)
-
-
-def layer_adapters(layer_lora: Any, config: ModelConfig,
-                   key: jax.Array | None = None) -> dict[tuple[str, ...], Adapter]:
-  """`{path: Adapter}` of one layer from its slice of the adapter tree (`lora["layers"]`
-  without the layers axis); `key` (this layer's dropout key, or None) gives each weight its
-  own dropout key. Empty for `layer_lora=None`."""
-  if layer_lora is None:
-    return {}
-  lc = _lora(config)
-  out = {}
-  for i, path in enumerate(_PATHS):
-    ab = _get(layer_lora, path)
-    if ab is None:
-      continue
-    k = None if key is None or not lc.dropout else jax.random.fold_in(key, i)
-    out[path] = Adapter(ab["a"], ab["b"], lc.scale, k, lc.dropout)
-  return out
-
-
-def routed(adapters: dict[tuple[str, ...], Adapter]) -> dict[str, Adapter]:
-  """The routed experts' adapters of one layer, by weight name (`w_gate`, `w_up`, `w_down`)."""
-  return {name: adapters[("moe", name)] for name in _ROUTED if ("moe", name) in adapters}
-
-
-def shared(adapters: dict[tuple[str, ...], Adapter]) -> dict[str, Adapter]:
-  """The shared expert's adapters of one layer, by weight name."""
-  return {p[-1]: a for p, a in adapters.items() if p[:2] == ("moe", "shared")}
 
 
 def check_lora(config: ModelConfig, lora: Any) -> None:
@@ -262,8 +178,8 @@ def merge_lora(params: Any, lora: Adapters, *, config: ModelConfig, dtype: str |
   out = jax.tree.map(lambda x: x, params)
   for path in target_paths(config):
     _, contract, lead = WEIGHTS[path]
-    ab = _get(lora["layers"], path)
-    w = _get(params["layers"], path)
+    ab = get_path(lora["layers"], path)
+    w = get_path(params["layers"], path)
     stack = w.shape[:lead]
     a = ab["a"].astype(jnp.float32).reshape(*stack, -1, ab["a"].shape[-1])
     b = ab["b"].astype(jnp.float32).reshape(*stack, ab["b"].shape[lead], -1)
@@ -291,6 +207,6 @@ def base_digest(params: Any) -> str:
   return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
 
 
-__all__ = ["Adapter", "Adapters", "WEIGHTS", "adapted_matmul", "base_digest", "check_lora",
-           "init_lora", "layer_adapters", "lora_axes", "merge_lora", "nbytes", "routed",
-           "shared", "target_paths", "without_lora"]
+__all__ = ["Adapter", "Adapters", "NO_EXPERT_ADAPTERS", "WEIGHTS", "adapted_matmul",
+           "base_digest", "check_lora", "get_path", "init_lora", "layer_adapters", "lora_axes",
+           "merge_lora", "nbytes", "routed", "shared", "target_paths", "without_lora"]

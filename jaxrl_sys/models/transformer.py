@@ -22,9 +22,9 @@ import jax.numpy as jnp
 from jaxrl_sys import backend
 from jaxrl_sys.models import kv_cache as kvc
 from jaxrl_sys.models.config import ModelConfig
-from jaxrl_sys.models.layers import (masked_attention, merge_new_token, rms_norm,
+from jaxrl_sys.models.adapters import layer_adapters
+from jaxrl_sys.models.layers import (adapted_matmul, masked_attention, merge_new_token, rms_norm,
                                      segment_causal_mask, single_query_attention, swiglu_mlp)
-from jaxrl_sys.models.lora import adapted_matmul, layer_adapters
 from jaxrl_sys.models.rope import apply_rope, rope_cos_sin
 from jaxrl_sys.sharding.axes import (EMBED, HEAD_DIM, HEADS, KV_HEADS, LAYERS, MLP, NORM,
                                      VOCAB)

@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_sys import backend
+from jaxrl_sys.models import adapters as adapters_lib
+from jaxrl_sys.models.layers import adapted_matmul
 from jaxrl_sys.models.moe import blocked as moe_blocked
 from jaxrl_sys.models.moe import experts as moe_experts
 from jaxrl_sys.models.moe import routing as moe_routing
@@ -129,8 +131,7 @@ def routed_experts(p: dict, x: jax.Array, routing: moe_routing.Routing, m: MoECo
   w = {k: p[k] for k in ("w_gate", "w_up", "w_down")}
   impl = resolve_implementation(m.implementation, x.shape[0], m.num_experts)
   if adapters:
-    from jaxrl_sys.models.lora import NO_EXPERT_ADAPTERS  # pylint: disable=import-outside-toplevel
-    if impl in NO_EXPERT_ADAPTERS:
+    if impl in adapters_lib.NO_EXPERT_ADAPTERS:
       if m.implementation != "auto":
         raise ValueError(f"MoEConfig.implementation={m.implementation!r} has no expert adapters")
       impl = "blocked"
@@ -188,7 +189,6 @@ def _shared(p: dict, x: jax.Array, m: MoEConfig, adapters: dict | None = None) -
   dt = x.dtype
   s = p["shared"]
   if adapters:
-    from jaxrl_sys.models.lora import adapted_matmul  # pylint: disable=import-outside-toplevel
     g = adapted_matmul(x, s["w_gate"], adapters.get("w_gate"))
     u = adapted_matmul(x, s["w_up"], adapters.get("w_up"))
     y = adapted_matmul(jax.nn.silu(g) * u, s["w_down"], adapters.get("w_down"))
@@ -238,8 +238,7 @@ def moe_block(p: dict, h: jax.Array, config: ModelConfig, lstate: MoEState | Non
       bip_iterations=m.bip_iterations, bip_rule=m.bip_rule, capacity_factor=m.capacity_factor)
   routed_ad = shared_ad = None
   if adapters:
-    from jaxrl_sys.models import lora  # pylint: disable=import-outside-toplevel
-    routed_ad, shared_ad = lora.routed(adapters), lora.shared(adapters)
+    routed_ad, shared_ad = adapters_lib.routed(adapters), adapters_lib.shared(adapters)
   out = routed_experts(p, x, routing, m, routed_ad)
   if m.shared_width:
     out = out + _shared(p, x, m, shared_ad)

@@ -84,7 +84,7 @@ def test_adapter_gradient_equals_the_merged_weights_gradient():
       node = out["layers"]
       for k in path[:-1]:
         node = node[k]
-      w, a, b = node[path[-1]], lora_lib._get(ad["layers"], path)["a"], lora_lib._get(
+      w, a, b = node[path[-1]], lora_lib.get_path(ad["layers"], path)["a"], lora_lib.get_path(
           ad["layers"], path)["b"]
       lhs = a.reshape(*w.shape[:lead], -1, a.shape[-1])
       rhs = b.reshape(*w.shape[:lead], b.shape[lead], -1)
