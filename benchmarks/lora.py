@@ -21,6 +21,9 @@ Usage: python -m benchmarks.lora [--configs tiny,0.5b] [--rank 8] [--repeats 3]
 
 3. The bfloat16 rollout engine's log-probs against the float32 trainer's on its own samples,
    adapters unmerged against merged into the base (`--lora.merge`), tiny preset.
+4. With `--decode`: seconds per decode step of the engine's jitted decode, bfloat16, the base
+   alone, adapters unmerged and merged (what unmerged adapters cost a decoding engine; an
+   accelerator's figure: on a CPU the extra matmuls' fixed costs dominate).
 
 Writes benchmarks/results/lora.json.
 """
@@ -188,6 +191,56 @@ def engine_mismatch(rank: int, std: float = 1e-3, requests: int = 16) -> list[di
   return out
 
 
+# A Qwen3-8B layer's widths (hidden 4096, MLP 12288, 32 / 8 heads of 128) in 4 layers: the
+# per-layer cost of decoding at 8B-class widths, in a model small enough to compile quickly.
+WIDE_SLICE = models.ModelConfig(vocab_size=151936, hidden_size=4096, num_layers=4, num_heads=32,
+                                num_kv_heads=8, head_dim=128, intermediate_size=12288,
+                                max_seq_len=4096, qk_norm=True)
+
+
+def decode_speed(name: str, rank: int, batch: int, context: int, steps: int = 32,
+                 repeats: int = 3) -> list[dict]:
+  """Seconds per decode step of the engine's jitted decode (`rollout.engine.slots.decode`),
+  `batch` rows each attending `context` cached tokens, bfloat16: the base alone, adapters
+  unmerged (rank `rank` on attention + MLP) and merged into the base."""
+  from jaxrl_sys.models import kv_cache as kvc  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout.engine import slots  # pylint: disable=import-outside-toplevel
+  cfg = WIDE_SLICE if name == "8b-slice" else model_config(name)
+  cfg = dataclasses.replace(cfg, param_dtype="bfloat16", compute_dtype="bfloat16")
+  mc = dataclasses.replace(cfg, lora=LoraConfig(rank=rank))
+  base = models.init_params(cfg, jax.random.key(0))
+  ad = jax.tree.map(lambda x: x.astype(jnp.bfloat16), lora_lib.init_lora(mc, jax.random.key(1)))
+  ad = jax.tree_util.tree_map_with_path(
+      lambda p, x: (1e-3 * jnp.ones_like(x)) if p[-1].key == "b" else x, ad)
+  merged = lora_lib.merge_lora(base, ad, config=mc)
+  sampling = models.SamplingConfig(temperature=1.0)
+  width = context + (repeats + 1) * steps
+  rows = []
+  for what, params, lora, config in (("base", base, None, cfg), ("unmerged", base, ad, mc),
+                                     ("merged", merged, None, mc)):
+    cache = kvc.init_cache(config, batch, width)
+    cache = cache._replace(kv_valid=cache.kv_valid.at[:, :context].set(True),
+                           write_pos=jnp.full((batch,), context, jnp.int32),
+                           next_position=jnp.full((batch,), context, jnp.int32))
+    args = (jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, 2), jnp.uint32),
+            jnp.zeros((batch,), jnp.int32), jnp.full((batch,), 10**6, jnp.int32),
+            jnp.ones((batch,), bool), None, lora)
+    kw = dict(config=config, sampling=sampling, num_steps=steps, width=width)
+    out = slots.decode(params, cache, *args, **kw)  # compile + warm
+    jax.block_until_ready(out)
+    best = float("inf")
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      out = slots.decode(params, out[0], *args, **kw)
+      jax.block_until_ready(out)
+      best = min(best, time.perf_counter() - t0)
+    rows.append({"model": name, "batch": batch, "context": context, "weights": what,
+                 "rank": rank if what != "base" else "", "ms_per_token_step": 1e3 * best / steps})
+  for r in rows[1:]:
+    r["vs_base"] = r["ms_per_token_step"] / rows[0]["ms_per_token_step"]
+  return rows
+
+
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--configs", default="tiny,0.5b")
@@ -200,6 +253,11 @@ def main(argv=None) -> dict:
   ap.add_argument("--compute_dtype", default="bfloat16",
                   help="the train step's compute dtype (bfloat16: as on an accelerator)")
   ap.add_argument("--no_mismatch", action="store_true")
+  ap.add_argument("--decode", default="",
+                  help="comma list of models (tiny, 0.5b, 8b-slice) to time decode steps of: "
+                  "base, adapters unmerged, merged (an accelerator's figure)")
+  ap.add_argument("--decode_batch", type=int, default=64)
+  ap.add_argument("--decode_context", type=int, default=1024)
   args = ap.parse_args(argv)
   configs, stores = args.configs.split(","), args.stores.split(",")
   if "ray" in stores:
@@ -225,8 +283,14 @@ def main(argv=None) -> dict:
     print("\nbf16 rollout engine vs float32 trainer log-probs (tiny preset, adapters "
           "B ~ N(0, 1e-3))")
     print_table(mismatch)
+  decode = [r for name in filter(None, args.decode.split(","))
+            for r in decode_speed(name, args.rank, args.decode_batch, args.decode_context)]
+  if decode:
+    print(f"\ndecode step time, bfloat16, {jax.devices()[0].device_kind}")
+    print_table(decode, ["model", "batch", "context", "weights", "rank", "ms_per_token_step",
+                         "vs_base"])
   payload = {"args": vars(args), "publish_pull": pulls, "step_memory": memory,
-             "engine_mismatch": mismatch}
+             "engine_mismatch": mismatch, "decode": decode}
   write_json("lora", payload)
   return payload
 
