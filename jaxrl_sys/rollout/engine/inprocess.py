@@ -67,7 +67,7 @@ class InProcessRollout:
   def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
     """Tokens generated from now on use `params` (and `moe_state`, an MoE policy's routing
     biases; None = zeros) and carry `version`."""
-    self.engine.set_weights(params, version, moe_state)
+    self.engine.load(params, version, moe_state)
 
   def num_pending(self) -> int:
     """Requests submitted and not yet returned by `poll()` or `abort()`."""

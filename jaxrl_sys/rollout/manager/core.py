@@ -82,7 +82,7 @@ class ManagerCore:
   def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
     """Publishes `version` to the store; each worker pulls it at its next exchange (once the
     store has committed it) and serves it from then on."""
-    self.store.publish(int(version), params, moe_state)
+    self.store.publish(params, int(version), moe_state)
     self.latest = int(version)
     self.last_progress = self.clock.now()
     self.events.append((self.clock.now(), "publish", "", str(version)))
@@ -280,14 +280,14 @@ class ManagerCore:
     ws.observe(rep, now, self.config.profile_window)
     if first:
       self.events.append((now, "ready", rep.worker_id, str(rep.version)))
-    if first or rep.pulls or rep.chunks:
+    if first or rep.loads or rep.chunks:
       self.last_progress = now
-    for version, seconds in rep.pulls:
+    for version, seconds in rep.loads:
       ws.failed_pulls = 0
       self._pull_failures.pop(int(version), None)
       self.stats.pull_seconds.append(seconds)
       self.events.append((now, "pulled", rep.worker_id, f"v{version} in {seconds:.3f}s"))
-    for version, message in rep.failed_pulls:
+    for version, message in rep.failed_loads:
       self._pull_failed(ws, int(version), message)
     for rid, message in rep.rejected:
       st = self.requests.get(rid)
@@ -297,9 +297,9 @@ class ManagerCore:
             f"request {rid} was rejected by worker {rep.worker_id}: {message}"))
     for c in rep.chunks:
       self._on_chunk(ws, c)
-    if first or rep.pulls:
+    if first or rep.loads:
       self._update_gc()
-    return bool(rep.chunks or rep.pulls or rep.rejected or first)
+    return bool(rep.chunks or rep.loads or rep.rejected or first)
 
   def _pull_failed(self, ws: WorkerState, version: int, message: str) -> None:
     """A worker could not load `version` (it keeps serving its previous one). Pulls are retried
@@ -430,7 +430,7 @@ class ManagerCore:
       return
     for ws in self.workers.values():
       if max(ws.version, ws.pull_sent) < self.latest:
-        ref = self.store.ref(self.latest)
+        ref = self.store.published(self.latest)
         if ref is None:
           getattr(self.store, "check", lambda: None)()  # a failed write raises, never stalls
           return  # not committed yet

@@ -83,7 +83,7 @@ def test_a_pull_that_never_finishes_fails_after_the_pull_timeout():
 def test_a_corrupt_tensorstore_version_is_reported_and_workers_keep_the_good_one(tmp_path):
   clock = ManualClock()
   store = TensorstoreWeightStore(tmp_path)
-  ws = [FakeWorker(f"w{i}", clock, fetch=True) for i in range(2)]
+  ws = [FakeWorker(f"w{i}", clock, load=True) for i in range(2)]
   m = RolloutManager(ws, store=store, config=ManagerConfig(max_pull_failures=3), clock=clock)
   m.publish(TREE, 0)
   store.wait()
@@ -108,7 +108,7 @@ def test_a_corrupt_tensorstore_version_is_reported_and_workers_keep_the_good_one
 
 
 def test_a_corrupt_first_version_stops_a_real_worker_with_the_path(tmp_path):
-  """The real worker path (`WorkerServer.pull`: fetch + checksums) over real files."""
+  """The real worker path (`WorkerServer.load`: `WeightRef.load` + checksums) over real files."""
   store = TensorstoreWeightStore(tmp_path)
   m = RolloutManager([InProcessWorker("local-0", common.CFG, common.engine_config())],
                      store=store)
