@@ -189,9 +189,9 @@ def open_latest(path_or_url: str | os.PathLike) -> TensorstoreWeightRef | None:
 class TensorstoreWeightStore(BackgroundStore):
   """Versions written under a directory or tensorstore kvstore URL (see the module docstring).
 
-  `publish` takes a host copy synchronously and writes in the background; `published(v)` is None until
-  v's `LATEST` pointer is written. Opening an existing root resumes it: committed versions are
-  listed, and half-written ones (a crashed publish) are deleted by the next `gc`.
+  `publish` takes a host copy synchronously and writes in the background; `published(v)` is
+  None until v's `LATEST` pointer is written. Opening an existing root resumes it: committed
+  versions are listed, and half-written ones (a crashed publish) are deleted by the next `gc`.
 
   Args:
     path_or_url: a local directory, or a kvstore URL (`file:///d/`, `gs://bucket/run/`, ...).
