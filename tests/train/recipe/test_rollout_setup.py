@@ -30,8 +30,8 @@ def test_default_client_splits_the_slots_over_thread_workers():
   one = default_client(mc, recipe.model.params, dataclasses.replace(lc, local_workers=1), eos, 0,
                        lc.group_size)
   two = default_client(mc, recipe.model.params, lc, eos, 0, lc.group_size)
-  [w1] = [ws.worker for ws in one.workers.values()]
-  ws2 = [ws.worker for ws in two.workers.values()]
+  [w1] = list(one.handles.values())
+  ws2 = list(two.handles.values())
   assert isinstance(w1, InProcessWorker) and all(isinstance(w, ThreadWorker) for w in ws2)
   assert [w.server.engine_config.num_slots for w in ws2] == [
       w1.server.engine_config.num_slots // 2] * 2
