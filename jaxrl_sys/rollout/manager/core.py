@@ -1,12 +1,11 @@
 """The rollout manager's state machine: events in, commands and effects out, no I/O.
 
 Events (each with its clock time): `submit`, `publish`, `on_committed` (the store committed a
-version), `add_worker`, `on_sent`, `on_report` (chunks, loads, rejections of one worker
-exchange), `on_lost`, `retire_worker`, `evacuate`, `set_accepting`, `set_cap`, `begin_tick` /
-`tick` (heartbeats, weight loads, dispatch, balancing).
-Commands out: `outbox()` gives each worker's `Commands` when its exchange is due. Effects out:
-`take_effects()` gives what the exchange loop must do besides exchanges (`state.Kill`,
-`state.Release`, `state.Publish`, `state.CollectGarbage`).
+version), `add_worker`, `on_sent`, `on_report` (chunks, loads, rejections of one exchange),
+`on_lost`, `retire_worker`, `evacuate`, `set_accepting`, `set_cap`, `begin_tick` / `tick`
+(heartbeats, weight loads, dispatch, balancing), the aborts. Out: `outbox()` (each worker's
+`Commands` when its exchange is due) and `take_effects()` (`state.Kill`, `state.Release`,
+`state.Publish`, `state.CollectGarbage`: the exchange loop carries them out).
 
 Two tables, one state machine between them: `requests.RequestTable` (token state, queue,
 completions, migration cuts) and `fleet.WorkerTable` (joins, losses, weight loads, garbage
@@ -40,6 +39,8 @@ class ManagerCore:
     store_name: the weight store's kind and location, for error messages.
   """
 
+  __slots__ = ("_config", "_ledger", "_table", "_view", "_reqs", "_moves", "_last_progress")
+
   def __init__(self, config: ManagerConfig = ManagerConfig(), *, now: float = 0.0,
                store_name: str = "the weight store"):
     self._config = config
@@ -51,10 +52,6 @@ class ManagerCore:
     self._last_progress = now  # tokens, completions, loads, readiness, new work
 
   # ----- reads -----------------------------------------------------------------------------------
-  @property
-  def config(self) -> ManagerConfig:
-    return self._config
-
   @property
   def fleet(self) -> FleetView:
     """The read-only view of the workers and the journals (`view.FleetView`)."""
@@ -154,13 +151,11 @@ class ManagerCore:
     self._table.publish(version, now)
     self._last_progress = now
 
-  def awaiting_commit(self) -> int | None:
-    """The newest published version while the store has not committed it, else None."""
-    return self._table.awaiting_commit()
-
-  def load_waiting(self) -> bool:
-    """Some worker waits to be told to load the newest version."""
-    return self._table.load_waiting()
+  def awaiting_commit(self) -> tuple[int, bool] | None:
+    """While the store has not committed the newest published version: `(that version, whether
+    a worker waits to be told to load it)`; else None."""
+    version = self._table.awaiting_commit()
+    return None if version is None else (version, self._table.load_waiting())
 
   def on_committed(self, ref: Any) -> None:
     """The store committed the newest version: `ref` (a `WeightRef`) is what workers load."""
@@ -358,27 +353,16 @@ class ManagerCore:
     return sent
 
   def _settled_loads(self) -> list[balance.WorkerLoad]:
-    """The routing view with the balancer's moves in flight settled: a request being moved
-    counts at its target (pending), no longer at its donor. The balancer runs at every tick, long
-    before a donor acknowledges an abort; without this it would move again what is on its way."""
-    loads = self._table.loads()
-    gone: collections.Counter = collections.Counter()
-    gone_running: collections.Counter = collections.Counter()
-    coming: collections.Counter = collections.Counter()
+    """The routing view with the balancer's moves in flight settled (`balance.settle`); moves
+    whose request finished, stopped moving or lost its donor are forgotten."""
+    moves = []
     for rid, (donor, target) in list(self._moves.items()):
       st = self._reqs.get(rid)
       if st is None or not st.moving or st.owner != donor or donor not in self._table:
         del self._moves[rid]
         continue
-      running = rid in self._table[donor].running
-      gone[donor] += not running
-      gone_running[donor] += running
-      coming[target] += 1
-    if not coming:
-      return loads
-    return [dataclasses.replace(w, running=w.running - gone_running[w.worker_id],
-                                pending=w.pending - gone[w.worker_id] + coming[w.worker_id])
-            for w in loads]
+      moves.append((donor, target, rid in self._table[donor].running))
+    return balance.settle(self._table.loads(), moves)
 
   def _balance(self, now: float) -> bool:
     if self._reqs.queue:

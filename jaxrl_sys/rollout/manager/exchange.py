@@ -321,12 +321,12 @@ class RolloutManager:
     core.begin_tick(now)
     for hook in self._hooks:
       hook(self, now)
-    version = core.awaiting_commit()
-    if version is not None:
-      ref = self._store.published(version)
+    awaited = core.awaiting_commit()
+    if awaited is not None:
+      ref = self._store.published(awaited[0])
       if ref is not None:
         core.on_committed(ref)
-      elif core.load_waiting():
+      elif awaited[1]:
         self._store.check()  # a failed write raises, never stalls
     changed = core.tick(now)
     self._apply()
