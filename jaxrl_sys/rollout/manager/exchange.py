@@ -100,7 +100,7 @@ class RolloutManager:
 
   @property
   def fleet(self) -> FleetView:
-    """The workers and the journals, read-only (`fleet.FleetView`): worker id -> `WorkerView`,
+    """The workers and the journals, read-only (`view.FleetView`): worker id -> `WorkerView`,
     `latest`, `cap`, `stats`, `events`, `provenance(request_id)`, `has_commands(worker_id)`."""
     return self._fleet
 

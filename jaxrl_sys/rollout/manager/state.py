@@ -6,7 +6,7 @@ are cumulative counters (the loop reports their per-step differences); `Ledger` 
 core and its worker table write for others to read (counters, events, provenance, errors for
 the next `poll`, effects for the exchange loop); `Kill`, `Release`, `Publish` and
 `CollectGarbage` are the effects the exchange loop carries out. All of it is private to
-`manager/`: outside it, `fleet.FleetView` reads it.
+`manager/`: outside it, `view.FleetView` reads it.
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """What the rollout manager shows outside `manager/`: `FleetView` (the workers and the
-journals, read-only), `WorkerView` (one worker, copied) and `ElasticPort` (what `elastic/` and
-the simulator drive: the view plus the fleet commands; `RolloutManager` implements it).
+journals, read-only), `WorkerView` (one worker, read-only) and `ElasticPort` (what `elastic/`
+and the simulator drive: the view plus the fleet commands; `RolloutManager` implements it, and
+a tick hook receives it).
 
 `TableView` is the `FleetView` of the manager's `fleet.WorkerTable` and `state.Ledger`: every
-answer is a copy or a frozen record, and setting an attribute raises, so nothing outside
+answer is a read-only record or a copy, and setting an attribute raises, so nothing outside
 `manager/` can change the state the core reasons about except through the manager's commands.
 """
 from __future__ import annotations
