@@ -229,7 +229,7 @@ class Simulation:
         continue
       if m.round():
         continue
-      ws = [s.worker for s in m.workers.values() if s.outstanding]
+      ws = [self.cluster.workers[w] for w in m.fleet.outstanding()]
       left = end - self.clock.now()
       if ws:
         SimWorker.wait_any(ws, left, self.clock)
@@ -248,8 +248,9 @@ class Simulation:
     self._check_horizon()
 
   def _local_idle(self) -> bool:
-    return not any(self.manager.workers[w.worker_id].assigned for w in self.cluster.local()
-                   if w.worker_id in self.manager.workers)
+    fleet = self.manager.fleet
+    return not any(fleet[w.worker_id].assigned for w in self.cluster.local()
+                   if w.worker_id in fleet)
 
   def _watchdog(self, manager, now: float) -> None:
     """Fails loudly if the manager keeps acting without virtual time passing (a livelock)."""
@@ -265,7 +266,7 @@ class Simulation:
     trainer's engines take the work back (instances that start later wait for the next step)."""
     if self.driver.handed_off and not self.cluster.can_serve(self.version):
       for w in self.cluster.local():
-        if w.worker_id in manager.workers:
+        if w.worker_id in manager.fleet:
           manager.set_accepting(w.worker_id, True)
 
   # ----- one step ------------------------------------------------------------------------------
@@ -287,7 +288,7 @@ class Simulation:
     b = wl.prompts_per_step
     t0 = clock.now()
     self._groups, self._tokens, self._ready = {}, {}, []
-    stats0 = m.stats.counters()
+    stats0 = m.fleet.stats.counters()
     m.submit(self._requests(self.version))
     self.driver.begin_step(m)
     deadline = self.driver.deadline()
@@ -320,7 +321,7 @@ class Simulation:
     self._train_for(preset.step_overhead_s)
     t_train += preset.step_overhead_s
     offload = self.driver.end_step(m, t_wait, t_train)
-    stats1 = m.stats.counters()
+    stats1 = m.fleet.stats.counters()
     rec = StepRecord(
         step=self.version, start=t0, end=clock.now(), handoff=t_handoff, tokens=tokens,
         prompt_tokens=b * wl.group_size * wl.prompt_tokens, t_wait_train=t_wait,

@@ -98,7 +98,7 @@ class SimResult:
     series = {"t": grid, "used": [cluster.live_remote_at(t) for t in grid]}
     if trace is not None:
       series["available"] = [trace.live_at(t) for t in grid]
-    counters = dict(manager.stats.counters())
+    counters = dict(manager.fleet.stats.counters())
     counters.update(stalls=cluster.stalls, retracted=sum(
         w.engine.retracted for w in cluster.workers.values()),
         prefilled=sum(w.engine.prefilled for w in cluster.workers.values()),

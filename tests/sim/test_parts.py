@@ -94,8 +94,8 @@ def test_shared_sender_nic_fluid_model():
 
 def _ref():
   store = SimWeightStore(QWEN3_8B.weight_bytes)
-  store.publish(0)
-  return store.ref()
+  store.publish(None, 0)
+  return store.published()
 
 
 def test_a_preempted_worker_reports_the_streamed_tokens_then_is_lost():

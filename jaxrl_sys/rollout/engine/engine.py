@@ -24,7 +24,7 @@ Design choices:
   (no paged-attention kernel) it needs a gather of every row's pages each step. Here the
   decode window (rows x width buckets) already makes a step's cost follow the live lengths,
   and shared prompts cost one row copy at admission.
-- Weight swap (`set_weights`) takes effect at the next decode step. By default the KV of
+- A weight load (`load`) takes effect at the next decode step. By default the KV of
   in-flight requests is kept (computed with the older weights); every token sampled afterwards
   comes from the new weights' logits and carries the new version (the pending-token design of
   `rollout.engine.slots` makes that exact). Prefixes cached under the old weights are not shared
@@ -51,7 +51,7 @@ pick = slots.pick_bucket
 
 class Engine:
   """A continuous-batching engine over `num_slots` slots. Not thread-safe: drive it from one
-  thread (`submit`, `step`, `abort`, `set_weights` between steps)."""
+  thread (`submit`, `step`, `abort`, `load` between steps)."""
 
   def __init__(self, model_config: ModelConfig, params: Any, config: EngineConfig = EngineConfig(),
                version: int = 0, on_chunk: Callable[[list[TokenChunk]], None] | None = None,
@@ -192,14 +192,14 @@ class Engine:
       return moe.init_moe_state(self.model_config)
     return moe_state
 
-  def set_weights(self, params: Any, version: int, moe_state: Any = None) -> None:
+  def load(self, params: Any, version: int, moe_state: Any = None) -> None:
     """Uses `params` (same structure, shapes and dtypes) and `moe_state` (MoE models; None =
     zeros) for every token generated from now on; those tokens carry `version`. Running
     requests keep their KV unless `config.recompute_kv_on_swap`, which re-queues them first to
     be re-prefilled."""
     moe_state = self._moe_state(moe_state)
     if _shapes((params, moe_state)) != self._param_shapes:
-      raise ValueError("set_weights: params differ in structure, shape or dtype from the "
+      raise ValueError("load: params differ in structure, shape or dtype from the "
                        "engine's (this would recompile every function)")
     self.params, self.version, self.moe_state = params, int(version), moe_state
     self._prefix = [None] * self.config.num_slots  # new admissions prefill with the new weights

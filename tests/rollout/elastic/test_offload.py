@@ -105,17 +105,17 @@ def test_seeded_requests_end_exactly_as_undisturbed():
   m.set_accepting("spot", False)  # the spot worker is still starting: the trainer seeds alone
   assert driver.deadline() is not None
   out = []
-  while m.stats.tokens == 0:  # exchange rounds until the trainer's engine generated a chunk
+  while m.fleet.stats.tokens == 0:  # exchange rounds until the trainer's engine generated a chunk
     m.round()
   m.set_accepting("spot", True)
   assert driver.hand_off(m) > 0
   while m.num_pending():
     out += m.poll(min_count=1)
   common.assert_matches(out, common.reference(reqs, common.SAMPLED))
-  seeded = [c for c in out if len(m.provenance(c.request_id)) == 2]
+  seeded = [c for c in out if len(m.fleet.provenance(c.request_id)) == 2]
   assert seeded
   for c in seeded:
-    (w0, a0, b0), (w1, a1, _) = m.provenance(c.request_id)
+    (w0, a0, b0), (w1, a1, _) = m.fleet.provenance(c.request_id)
     assert (w0, w1) == ("trainer", "spot") and a0 == 0 and a1 == b0 > 0
   metrics = driver.end_step(m, t_wait_train=0.0, t_train=1.0)
   assert metrics["tokens_local"] + metrics["tokens_remote"] == sum(
@@ -157,10 +157,10 @@ def test_instances_beyond_the_initial_cap_are_not_started(at_resv, started):
   driver = OffloadDriver(OffloadConfig(t_init=1.0, n_resv=2, cap_starts_at_resv=at_resv))
   driver.apply_cap(m)
   m.round()
-  assert len(m.workers) == started
+  assert len(m.fleet) == started
   driver.begin_step(m)
   m.round()
-  assert len(m.workers) == started
+  assert len(m.fleet) == started
 
 
 @pytest.mark.parametrize("ceil, started", [(False, 2), (True, 3)])
@@ -172,4 +172,4 @@ def test_the_fleet_runs_no_instance_beyond_n_prem(ceil, started):
   driver = OffloadDriver(cfg, OffloadState(t_seed=1.0, n_prem_cap=2.6))
   driver.apply_cap(m)
   m.round()
-  assert len(m.workers) == started
+  assert len(m.fleet) == started

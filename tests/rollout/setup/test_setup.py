@@ -29,12 +29,12 @@ def test_the_factory_builds_each_kind_by_name_and_splits_the_slots_over_threads(
   one = make_client(setup, CFG, ec, options=ClientOptions(local_workers=1))
   two = make_client(setup, CFG, ec, options=ClientOptions(local_workers=2))
   try:
-    [w1] = [ws.worker for ws in one.workers.values()]
-    ws2 = [ws.worker for ws in two.workers.values()]
+    [w1] = list(one.handles.values())
+    ws2 = list(two.handles.values())
     assert isinstance(w1, InProcessWorker) and all(isinstance(w, ThreadWorker) for w in ws2)
     assert [w.server.engine_config.num_slots for w in ws2] == [2, 2]
     assert w1.server.engine_config.num_slots == 4
-    assert one.latest == -1 and two.latest == -1  # no weights: the caller publishes them
+    assert one.fleet.latest == -1 and two.fleet.latest == -1  # no weights: the caller publishes
   finally:
     one.close()
     two.close()
