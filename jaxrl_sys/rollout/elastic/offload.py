@@ -77,7 +77,7 @@ class StepTimings:
     t_remote: remote compute time (mean busy time per remote worker).
     n_prem: remote workers, time-averaged over the step.
     n_next: remote workers alive at the end of the step (the count for the next one).
-    count_changed: whether a remote worker joined or was lost during the step.
+    count_changed: whether a remote worker joined, was lost or was retired during the step.
     t_step: the step's wall time (the window never exceeds it).
   """
   t_wait_train: float
@@ -184,7 +184,7 @@ class OffloadDriver:
     self.apply_cap(manager)
     self._t0 = manager.clock.now()
     self._start = dict(times=manager.worker_times(), remote_s=manager.remote_worker_seconds(),
-                       counts=(manager.stats.joined, manager.stats.lost),
+                       counts=(manager.stats.joined, manager.stats.lost), remote=set(remote),
                        tokens=(manager.stats.tokens, manager.stats.tokens_local))
 
   def deadline(self) -> float | None:
@@ -225,8 +225,10 @@ class OffloadDriver:
         busy.append(b - b0)
         waits.append(now - max(last, self._t0))
     n_prem = (manager.remote_worker_seconds() - self._start["remote_s"]) / t_step
-    changed = (manager.stats.joined, manager.stats.lost) != self._start["counts"]
     _, remote = self._split(manager)
+    # "the instance count did not change during the step": no join, no loss, no retirement
+    changed = ((manager.stats.joined, manager.stats.lost) != self._start["counts"]
+               or set(remote) != self._start["remote"])
     tok0, loc0 = self._start["tokens"]
     tokens, local_tokens = manager.stats.tokens - tok0, manager.stats.tokens_local - loc0
     timings = StepTimings(

@@ -4,6 +4,7 @@ random kills (`experiments.grpo --rollout=ray --num_workers=N --preempt_trace=..
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 
@@ -90,6 +91,9 @@ class RolloutSetup:
       raise ValueError("use either --preempt_trace or --chaos_kill_every, not both")
     if self.preempt_trace and not os.path.isfile(self.preempt_trace):
       raise ValueError(f"--preempt_trace={self.preempt_trace}: no such file")
+    if not (math.isfinite(self.trace_time_scale) and self.trace_time_scale > 0):
+      raise ValueError(f"--trace_time_scale must be a finite number > 0, got "
+                       f"{self.trace_time_scale}")
     if self.preempt_trace:  # parsed and checked here, before Ray or any worker starts
       try:
         trace = load_trace(self.preempt_trace)

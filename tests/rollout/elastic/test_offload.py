@@ -173,3 +173,27 @@ def test_the_fleet_runs_no_instance_beyond_n_prem(ceil, started):
   driver.apply_cap(m)
   m.round()
   assert len(m.workers) == started
+
+
+def test_a_retirement_is_a_count_change_for_the_memory_table():
+  # Algorithm 1 stores M[n] = T_seed only "if the instance count did not change during the
+  # step": a worker the fleet retired (the cap fell) changes it as a loss or a join does.
+  def step(retire: bool):
+    m = _manager_with_six_spot_nodes()
+    driver = OffloadDriver(OffloadConfig(t_init=1.0, n_resv=2),
+                           OffloadState(t_seed=1.0, n_prem_cap=6.0))
+    driver.apply_cap(m)
+    m.round()
+    driver.begin_step(m)
+    if retire:  # the cap falls mid-step: the fleet retires the newest worker after 30 s
+      m.worker_cap = 5
+    for _ in range(40):
+      m.clock.advance(1.0)
+      m.round()
+    driver.end_step(m, t_wait_train=0.0, t_train=1.0)
+    return len(m.workers), dict(driver.state.memory)
+
+  n, memory = step(retire=False)
+  assert n == 6 and set(memory) == {6}
+  n, memory = step(retire=True)
+  assert n == 5 and memory == {}
