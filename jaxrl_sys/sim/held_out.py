@@ -46,17 +46,18 @@ def bamboo_bases(fit: InstanceFit, segment_hours: float, seed: int = 0,
 def bamboo_table(trace: Trace, fit: InstanceFit = FITTED, segment_hours: float = 2.0,
                  sample: float = 0.5, seed: int = 0, jobs: int = 1,
                  base_kw: dict[str, Any] | None = None, extra: Sequence[str] = (),
-                 indices: str = "") -> dict[str, Any]:
+                 indices: str = "", on_done=None) -> dict[str, Any]:
   """Ours for every Bamboo figure of `paper.HELD_OUT`: segments of `trace` (sampled like
   RLBoost), RLBoost vs co-located per preset, means over segments. Also returns the
   per-segment `(x, ce, instances used)` under "segments", each `extra` setting's mean
-  `(x, ce)` under "settings", and the rows (`experiment.run_grid`) under "rows"."""
+  `(x, ce)` under "settings", and the rows (`experiment.run_grid`) under "rows". `on_done`:
+  `experiment.run_grid`'s progress callback."""
   from jaxrl_sys.sim import report  # pylint: disable=import-outside-toplevel
   segment_hours, segs = experiment.plan_segments(trace.sample(sample, seed), segment_hours,
                                                  indices)
   bases = bamboo_bases(fit, segment_hours, seed, base_kw)
   settings = [SETTINGS[n] for n in dict.fromkeys(("colocated", "rlboost", *extra))]
-  rows = experiment.run_grid(bases, settings, segs, jobs)
+  rows = experiment.run_grid(bases, settings, segs, jobs, on_done=on_done)
   summ = report.summarize(rows, [n for n, _ in segs])
   out: dict[str, Any] = {"segments": {}, "settings": {}, "rows": rows,
                          "segment_names": [n for n, _ in segs]}

@@ -131,12 +131,20 @@ def paper_table(ours: dict[str, float], paper: dict[str, float],
 
 
 def held_out_figures(trace: Trace, fit: InstanceFit = FITTED, segment_hours: float = 2.0,
-                     sample: float = 0.5, seed: int = 0,
-                     jobs: int = 1) -> tuple[dict[str, float], dict[str, Any]]:
+                     sample: float = 0.5, seed: int = 0, jobs: int = 1,
+                     log: Callable[[str], None] = lambda msg: None,
+                     ) -> tuple[dict[str, float], dict[str, Any]]:
   """(ours for every `HELD_OUT` figure, the Bamboo runs' details) and the bands of
-  `RELATIVE_BANDS` in the details under "bands"."""
+  `RELATIVE_BANDS` in the details under "bands"; `log` sees one line per finished run."""
+  done = [0]
+
+  def progress(job, row):
+    done[0] += 1
+    log(f"  [{done[0]}] {job.label}" + (f": FAILED {row['error']}" if "error" in row else ""))
+
   table = held_out.bamboo_table(trace, fit, segment_hours, sample, seed, jobs,
-                                extra=("colocated_2x",))
+                                extra=("colocated_2x",), on_done=progress)
+  log("held out: the ablation scenarios (Qwen3-14B)")
   ours = {k: v for k, v in table.items() if k.startswith("bamboo")}
   ours.update(held_out.ablations(fit, jobs, seed))
   rows, bands = table["rows"], {}
@@ -161,7 +169,7 @@ def paper_report(trace: Trace, fit: InstanceFit = FITTED, segment_hours: float =
   rel = points.release_points(fit, plan, jobs)
   log(f"held out: the Bamboo table ({trace.name}, {sample:g} of the instances), ablations, "
       "break-even discount")
-  val, detail = held_out_figures(trace, fit, segment_hours, sample, seed, jobs)
+  val, detail = held_out_figures(trace, fit, segment_hours, sample, seed, jobs, log)
   bands = {**BANDS, **detail["bands"]}
   text = [f"== calibration (fitted; Qwen3-14B static pools and length sweep) ==\n"
           f"{paper_table(cal, CALIBRATION, bands)}",

@@ -31,6 +31,7 @@ from jaxrl_sys.sim import experiment
 from jaxrl_sys.sim.driver import SimConfig, Workload, simulate
 from jaxrl_sys.sim.fit import FITTED, InstanceFit
 from jaxrl_sys.sim.presets import QWEN3_14B, get_preset
+from jaxrl_sys.sim.settings import SETTINGS, config_for
 from jaxrl_sys.sim.startup import WARM_RESTART
 
 CAP_5K, CAP_14K = 5120, 14336
@@ -72,8 +73,8 @@ def measure(cfg: SimConfig, n: int, skip: int) -> dict[str, float]:
   co-located mode, no pool), steps `skip`.. : response and total (prompt + response) tokens/s,
   tokens per dollar (cost pro rata of time), T_seed, N_prem after each step, instances used,
   training time, step time, the trainer's wait and the rollout share of a step."""
-  if n == 0:
-    res = simulate(dataclasses.replace(cfg, mode="colocated"))
+  if n == 0:  # the veRL baseline as the grid runs it (`settings.SETTINGS["colocated"]`)
+    res = simulate(config_for(SETTINGS["colocated"], cfg))
   else:
     res = simulate(cfg, constant_trace(n, 1e9))
   steps = res.steps[skip:]

@@ -3,8 +3,10 @@
 Every setting is the same driver (`sim.driver`) with a few fields changed, so the comparison is
 between mechanisms, not implementations:
 
-- baselines (spec/rlboost.md 1.7): `colocated` (veRL: the reserved nodes generate, then train),
-  `colocated_2x` (veRL.2x: twice the reserved nodes; multi-node training at a lower MFU),
+- baselines (spec/rlboost.md 1.7): `colocated` (veRL: the reserved nodes generate, then train;
+  no balancing between its engines, which veRL does not have: each engine keeps what it was
+  given, dispatch stays late-binding), `colocated_2x` (veRL.2x: twice the reserved nodes;
+  multi-node training at a lower MFU),
   `disagg` (Disagg.BAL, StreamRL-like: a fixed pool of reserved 2-GPU rollout instances sized
   to balance the stages, the nodes only train);
 - `rlboost`: ours (seeding controller with memory and N_prem cap, pull-based weights, token-level
@@ -61,10 +63,15 @@ class Setting:
     return self.mode == "rlboost"
 
 
+# veRL's rollout splits the batch over its engines and does not move requests between them;
+# continuous load balancing is this library's (beyond the paper), so the baselines run without.
+VERL_MANAGER = (("balance", False),)
+
 _S = [
-    Setting("colocated", "veRL (co-located, on-demand)", "baseline", mode="colocated"),
+    Setting("colocated", "veRL (co-located, on-demand)", "baseline", mode="colocated",
+            manager=VERL_MANAGER),
     Setting("colocated_2x", "veRL.2x (co-located, 2x nodes)", "baseline", mode="colocated",
-            reserved_scale=2),
+            reserved_scale=2, manager=VERL_MANAGER),
     Setting("disagg", "Disagg.BAL (reserved rollout pool)", "baseline", mode="disagg"),
     Setting("rlboost", "RLBoost (ours)", "ours"),
     Setting("no_seeding", "- no seeding (T_seed = 0)", "paper ablation",
