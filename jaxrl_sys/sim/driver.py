@@ -58,7 +58,7 @@ _KEY = np.zeros(2, np.uint32)
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-  """The RL batch (RLBoost's setup, spec/rlboost.md 1.7: 128 prompts x 8, max response 14K).
+  """The RL batch (RLBoost's setup, RLBOOST.md 1.7: 128 prompts x 8, max response 14K).
 
   Attributes:
     prompts_per_step: B, prompts (groups) per step.
@@ -86,7 +86,7 @@ class Workload:
 # than an hour later. The pull deadline, which detects stores that fail, is therefore off.
 SIM_MANAGER = ManagerConfig(poll_interval=10.0, startup_timeout=600.0, stall_timeout=math.inf,
                             pull_timeout=math.inf)
-# RLBoost's released controller: first window 150 s, floor 5 s, rate 1/3 (spec 1.2, 8).
+# RLBoost's released controller: first window 150 s, floor 5 s, rate 1/3 (RLBOOST.md 1.2, 8).
 SIM_OFFLOAD = OffloadConfig(t_init=150.0, t_min=5.0)
 
 

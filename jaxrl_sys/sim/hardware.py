@@ -1,7 +1,7 @@
 """Accelerator and machine figures the simulator's cost models are derived from.
 
 Every number carries its source (see also `sim/README.md`): a vendor datasheet, the RLBoost
-paper's setup (spec/rlboost.md 1.4, 1.7), a published measurement, or an assumption stated as
+paper's setup (RLBOOST.md 1.4, 1.7), a published measurement, or an assumption stated as
 such. Efficiencies are fractions of the datasheet peak that real engines reach.
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ class Network:
     sender_streams: transfers one training node serves at once; later pulls queue in arrival
       order (None: every pull starts at once and they share the NIC). RLBoost's release runs
       `num_mooncake_groups_per_sender = 4` transfer groups per sender, each serving one
-      instance at a time (spec/rlboost.md 1.4): four 50 Gbps receivers fill a 200 Gbps NIC.
+      instance at a time (RLBOOST.md 1.4): four 50 Gbps receivers fill a 200 Gbps NIC.
   """
   sender_gbps: float = 200.0
   receiver_gbps: float = 50.0
@@ -103,9 +103,9 @@ class Network:
                        f"None or >= 1, got {self}")
 
 
-# RLBoost (spec/rlboost.md 1.4): GCP a3-highgpu-8g (8xH100 training node) has one 200 Gbps
+# RLBoost (RLBOOST.md 1.4): GCP a3-highgpu-8g (8xH100 training node) has one 200 Gbps
 # frontend NIC, through which it reaches the spot instances; a3-highgpu-2g (2xH100 spot
-# instance) has a 50 Gbps frontend vNIC. efficiency 1.0 gives the line-rate lower bound the
-# spec derives (14B over 50 Gbps >= 4.7 s). host_copy 50 GB/s: assumption (8 GPUs copy their
-# shards over PCIe Gen5 in parallel; host DRAM write bandwidth is the limit).
+# instance) has a 50 Gbps frontend vNIC. efficiency 1.0 gives the line-rate lower bound
+# RLBOOST.md 1.4 derives (14B over 50 Gbps >= 4.7 s). host_copy 50 GB/s: assumption (8 GPUs
+# copy their shards over PCIe Gen5 in parallel; host DRAM write bandwidth is the limit).
 GCP_A3 = Network()

@@ -1,6 +1,6 @@
 """Ours for RLBoost's held-out figures: never tuned on, run once the fit is fixed.
 
-- `bamboo_table`: the Bamboo p3 table (spec/rlboost.md 1.8): 50% of the instances, 2-hour
+- `bamboo_table`: the Bamboo p3 table (RLBOOST.md 1.8): 50% of the instances, 2-hour
   segments, RLBoost vs co-located veRL per preset, means over segments (1.66x / 1.97x / 1.51x
   throughput, +34% / +49% / +28% cost efficiency for 8B / 14B / 32B); the veRL.2x runs ride
   along for the spot-discount figures.

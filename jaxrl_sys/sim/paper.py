@@ -1,7 +1,7 @@
 """RLBoost's published figures beside ours, each with a stated two-sided band.
 
 Calibration (fitted on; `sim.points` runs ours):
-- `CALIBRATION` (spec/rlboost.md 1.8; Qwen3-14B on one on-demand 8xH100, 2xH100 spot
+- `CALIBRATION` (RLBOOST.md 1.8; Qwen3-14B on one on-demand 8xH100, 2xH100 spot
   instances): a static pool of 1 instance gives +37% throughput and -22% per-token cost, 6 a
   further 1.64x and -21% (2.25x; cost efficiency 1.62x); the response-length sweep (cap 5K ->
   14K) 1.47x -> 2.22x throughput and 1.24x -> 1.61x cost efficiency.

@@ -7,7 +7,7 @@ starts from its 150 s window and settles within a few steps). A `Plan` says how 
 are: `FULL` (10 steps, the first 3 skipped: `spot_sim --paper`, the opt-in tests) or `FAST`
 (6 steps, 2 skipped: the calibration test the suite runs; ~3 s of CPU a Qwen3-14B run).
 
-- static pool (spec/rlboost.md 1.8: "a fixed number of instances", every one used, no cap):
+- static pool (RLBOOST.md 1.8: "a fixed number of instances", every one used, no cap):
   1 and 6 instances, and 12 for the saturation ("gains saturate once rollout keeps pace with
   training": 12 against 6);
 - length sweep (cap 5K and 14K; "optimal N_prem grows 3 -> 6"): a pool of 12, larger than
@@ -15,7 +15,7 @@ are: `FULL` (10 steps, the first 3 skipped: `spot_sim --paper`, the opt-in tests
   its N_prem, throughput and cost efficiency are the figures;
 - windows: the T_seed the controller settles on per instance count (the release's commented
   14B memory table {1: 346, 2: 212, 3: 145, 4: 60, 5: 8, 6: 5} s and its shipped 8B one);
-- the rollout share of a co-located step: (step - training) / step (spec 1.1: "up to 73%").
+- the rollout share of a co-located step: (step - training) / step (RLBOOST.md 1.1: "up to 73%").
 
 The cost efficiency of a static pool follows from its throughput (cost ratio 1 + n x $5.32 /
 $83.79), so the static points constrain throughput; the capped sweep's cost follows from the
@@ -57,7 +57,7 @@ FAST = Plan(steps=6, skip=2, windows=(1, 6))
 
 def pool_config(fit: InstanceFit, max_tokens: int = CAP_14K, steps: int = 10,
                 preset=QWEN3_14B, capped: bool = False) -> SimConfig:
-  """A static-pool run as the spec describes it (1.8: a fixed number of instances; nothing
+  """A static-pool run as RLBOOST.md describes it (1.8: a fixed number of instances; nothing
   fixes T_seed): the controller's adaptive window from its first value (150 s), warm
   instances, `steps` steps; every instance of the pool used (`capped=False`), or Algorithm 1's
   N_prem cap on (`capped=True`: the length sweep)."""

@@ -1,6 +1,6 @@
 """What one simulated run measured: per-step records, throughput, cost, series for plots.
 
-Metrics (RLBoost's, spec/rlboost.md 1.7): throughput = response tokens generated and trained in
+Metrics (RLBoost's, RLBOOST.md 1.7): throughput = response tokens generated and trained in
 the completed steps / their wall time; cost = reserved nodes x on-demand price x wall time
 (+ reserved rollout instances in the disagg mode) + spot instance-seconds x spot price, an
 instance counting from the fleet's request to its preemption or release; cost efficiency =

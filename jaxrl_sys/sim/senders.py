@@ -1,7 +1,7 @@
 """Weight pulls over the frontend network: a fluid model of the training nodes' NICs.
 
 Each rollout instance is paired round-robin with one training node's transfer agent and pulls
-the new weights from it point-to-point (RLBoost, spec/rlboost.md 1.4). A pull is a flow of
+the new weights from it point-to-point (RLBoost, RLBOOST.md 1.4). A pull is a flow of
 `bytes`; the flows on one sender share its NIC equally and each is capped by its receiver's
 link, so with `n` flows on a sender each moves at
 

@@ -3,7 +3,7 @@
 Every setting is the same driver (`sim.driver`) with a few fields changed, so the comparison is
 between mechanisms, not implementations:
 
-- baselines (spec/rlboost.md 1.7): `colocated` (veRL: the reserved nodes generate, then train;
+- baselines (RLBOOST.md 1.7): `colocated` (veRL: the reserved nodes generate, then train;
   no balancing between its engines, which veRL does not have: each engine keeps what it was
   given, dispatch stays late-binding), `colocated_2x` (veRL.2x: twice the reserved nodes;
   multi-node training at a lower MFU),
@@ -16,7 +16,7 @@ between mechanisms, not implementations:
   `fixed` mode would switch the cap off too), `no_memory`, `restart`
   (restart-from-prompt instead of token migration), `sync_push` (weights pushed at the step
   start, everyone waits for the slowest, instances that start later wait for the next step);
-- where our design goes beyond RLBoost's release (spec 8), each switched off: `trim_siblings`
+- where our design goes beyond RLBoost's release (RLBOOST.md 8), each switched off: `trim_siblings`
   (the release's retry path trims a group's partial responses to the shortest sibling),
   `no_balance` (no continuous load balancing at all), `no_tail_balance` (RLBoost's
   `max(running - B, 0)` rule only: the tail of a batch is not split over idle workers),

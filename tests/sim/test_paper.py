@@ -25,10 +25,13 @@ def test_the_fit_changes_only_what_it_says():
   assert p.train_s_per_token == QWEN3_14B.train_s_per_token and fit.engine().max_running == 256
   with pytest.raises(ValueError, match="do not fit"):
     InstanceFit(mem_fraction=0.1).apply(QWEN3_14B)
-  # the host-side step time adds to the fixed term only (after its scale)
+  # the host-side step time overlaps the GPU's: a step takes the longer of the two
   q = InstanceFit(decode_scale=2.0, step_extra_s=0.02).apply(QWEN3_14B).decode
-  assert q.fixed_s == pytest.approx(2 * QWEN3_14B.decode.fixed_s + 0.02)
+  assert q.fixed_s == pytest.approx(2 * QWEN3_14B.decode.fixed_s) and q.host_s == 0.02
   assert q.per_seq_s == pytest.approx(2 * QWEN3_14B.decode.per_seq_s)
+  assert q.step_time(1, 100) == 0.02  # one sequence: host-bound
+  gpu = q.fixed_s + 300 * q.per_batch_s(8000)
+  assert gpu > 0.02 and q.step_time(300, 8000) == pytest.approx(gpu)  # a full batch: the GPU
   with pytest.raises(ValueError, match="step_extra_s"):
     InstanceFit(step_extra_s=-1.0)
   # training time scales both of its terms, and nothing else
@@ -74,7 +77,7 @@ def test_local_engines_lose_the_trainers_resident_shards_and_micro_batches_are_t
 
 def test_the_static_pool_and_the_length_sweep_are_modelled_as_the_paper_ran_them():
   # A fixed pool (every instance used: no N_prem cap) under the adaptive controller (nothing in
-  # the spec fixes T_seed for it), RLBoost's released settings: first window 150 s, floor 5 s,
+  # RLBOOST.md fixes T_seed for it), RLBoost's released settings: first window 150 s, floor 5 s,
   # rate 1/3. The length sweep runs the same with Algorithm 1's cap on.
   cfg = points.pool_config(FITTED)
   off = cfg.offload

@@ -22,19 +22,27 @@ UNBOUNDED = dataclasses.replace(QWEN3_8B, decode=dataclasses.replace(QWEN3_8B.de
                                                                     kv_capacity_tokens=0))
 
 
-def test_engine_event_jumps_equal_step_by_step_decoding():
+@pytest.mark.parametrize("host_s", [0.0, 0.0085, 1.0])
+def test_engine_event_jumps_equal_step_by_step_decoding(host_s):
+  # Attention at 10 us per context token: the GPU step starts at 8.1 ms and grows by 0.06 ms a
+  # step with six sequences. host_s: none; 8.5 ms, which the GPU overtakes after 8 steps and
+  # again each time fewer sequences run; one above every GPU step (all host-bound).
+  preset = dataclasses.replace(UNBOUNDED, decode=dataclasses.replace(
+      UNBOUNDED.decode, per_ctx_token_s=1e-5, host_s=host_s))
   targets, prompt = [5, 17, 17, 40, 123, 301], 50
-  eng = SimEngine(UNBOUNDED, EngineModel())
+  eng = SimEngine(preset, EngineModel())
   for i, n in enumerate(targets):
     eng.add(Seq(i, i, prompt, 0, n, 1000, 0.0))
-  eng.advance(1e9)
+  for t in (0.05, 0.3, 0.31, 1e9):  # advancing in pieces changes nothing
+    eng.advance(t)
   got = {s.rid: t for s, t in eng.take_finished()}
-  # Reference: one prefill of the distinct prompts, then one decode step at a time.
-  d, t = UNBOUNDED.decode, prefill_time(UNBOUNDED, prompt * len(targets), prompt)
+  # Reference: one prefill of the distinct prompts, then one decode step at a time, each the
+  # longer of the host's and the GPU's work.
+  d, t = preset.decode, prefill_time(preset, prompt * len(targets), prompt)
   live, done, step = dict(enumerate(targets)), {}, 0
   while live:
     ctx = sum(prompt + step for _ in live)
-    t += d.fixed_s + d.per_seq_s * len(live) + d.per_ctx_token_s * ctx
+    t += max(host_s, d.fixed_s + d.per_seq_s * len(live) + d.per_ctx_token_s * ctx)
     step += 1
     for rid in [r for r, n in live.items() if n == step]:
       done[rid] = t

@@ -72,7 +72,8 @@ class StepTimings:
   Attributes:
     t_wait_train: the trainer idle after seeding, waiting for responses.
     t_wait_remote: remote workers idle after their last response until the step ended
-      (mean over the remote workers of the step).
+      (mean over the remote workers alive at the step's end; one preempted or retired during
+      the step did not wait for it).
     t_train: the trainer's effective (non-idle) training time.
     t_remote: remote compute time (mean busy time per remote worker).
     n_prem: remote workers, time-averaged over the step.
@@ -223,7 +224,8 @@ class OffloadDriver:
       b0 = before.get(wid, (0.0, self._t0, False))[0]
       if b - b0 > 0 or wid in manager.workers:
         busy.append(b - b0)
-        waits.append(now - max(last, self._t0))
+        if wid in manager.workers:  # one preempted or retired mid-step did not wait to the end
+          waits.append(now - max(last, self._t0))
     n_prem = (manager.remote_worker_seconds() - self._start["remote_s"]) / t_step
     _, remote = self._split(manager)
     # "the instance count did not change during the step": no join, no loss, no retirement
