@@ -114,15 +114,17 @@ def summarize(rows: Sequence[dict[str, Any]],
   `step_means` fields averaged over segments; `per_segment`: one entry per
   "setting segment" instead (no averaging)."""
   out: dict[str, dict[str, dict[str, float]]] = {}
-  # Each run is compared with the co-located run of its own segment.
+  # Each run is compared with the co-located run of its own segment; a co-located run without
+  # a segment (the grid runs it once: it does not use the trace) stands for every segment.
   co = {(r["preset"], r["segment"]): r["result"] for r in rows if r["setting"] == "colocated"}
   for name, label in LABELS.items():
     p = get_preset(name)
     per: dict[str, list[dict[str, float]]] = {}
     for r in rows:
-      if r["preset"] != name or (name, r["segment"]) not in co:
+      c = co.get((name, r["segment"])) or co.get((name, None))
+      if r["preset"] != name or c is None:
         continue
-      res, c = r["result"], co[(name, r["segment"])]
+      res = r["result"]
       m = step_means(res, p.train_nodes, p.gpus_per_node, p.gpus_per_instance)
       if r["setting"] != "colocated":
         m["x"] = res["throughput"] / c["throughput"]
