@@ -5,7 +5,7 @@ efficiencies. RLBoost publishes measured end-to-end figures that constrain what 
 workload really do (RLBOOST.md 1.8): one 2xH100 spot instance adds 37% throughput to a
 Qwen3-14B node, six add 125% (1.37 x 1.64), and with the response cap swept from 5K to 14K
 tokens the best gain grows from 1.47x (3 instances) to 2.22x (6). `InstanceFit` holds the
-handful of figures fitted to those points (`sim.paper.calibration_points` runs them); the same
+handful of figures fitted to those points (`sim.points.calibration_points` runs them); the same
 fit is then applied, unchanged, to 8B and 32B and to the Bamboo trace (held out).
 
 Fitted (F) and taken-from-measurement (M) figures; sources in `sim/README.md`:
