@@ -60,6 +60,7 @@ class SimCluster:
     self.due_at = -1.0
     self.manager = None
     self._pairs = 0
+    self.pull_seconds: list[float] = []  # each finished remote pull: asked for -> loaded
 
   # ----- workers -------------------------------------------------------------------------------
   def make_local(self, worker_id: str) -> SimWorker:

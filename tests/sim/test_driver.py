@@ -3,6 +3,7 @@ at every preemption point, it runs the real manager / controller / balancer obje
 deterministic."""
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -11,7 +12,7 @@ from jaxrl_sys.rollout.elastic import fleet, offload
 from jaxrl_sys.rollout.manager import balance
 from jaxrl_sys.rollout.manager import core as manager_core
 from jaxrl_sys.rollout.manager import requests as manager_requests
-from jaxrl_sys.rollout.elastic.traces import constant_trace
+from jaxrl_sys.rollout.elastic.traces import ADD, Trace, TraceEvent, constant_trace
 from jaxrl_sys.sim import driver
 from jaxrl_sys.sim.driver import Simulation, simulate
 from tests.sim.common import small, spot_trace, with_manager, with_offload
@@ -162,13 +163,32 @@ def test_the_per_minute_series_spans_the_simulated_time_not_an_unreached_horizon
 
 @pytest.mark.parametrize("ceil", [False, True])
 def test_no_instance_starts_beyond_the_n_prem_cap(ceil):
-  # Twelve spot instances are available throughout; the fleet starts one only while it runs
+  # 24 spot instances are available throughout; the fleet starts one only while it runs
   # fewer than floor(N_prem) (Algorithm 1: none beyond N_prem), ceil(N_prem) with `cap_ceil`.
-  sim = Simulation(with_offload(small(max_steps=4), cap_ceil=ceil), spot_trace(12, 1e6))
+  sim = Simulation(with_offload(small(max_steps=4), cap_ceil=ceil), spot_trace(24, 1e6))
   seen = []
   sim.manager.add_tick_hook(lambda m, now: seen.append((len(sim.fleet.workers), m.fleet.cap)))
   res = sim.run()
   caps = [s.n_prem_cap for s in res.steps]  # the integer cap each step leaves for the next
-  assert all(c >= 1 for c in caps) and min(caps) < 12  # the cap binds here
+  assert all(c >= 1 for c in caps) and min(caps) < 24  # the cap binds here
   grew = [(n, cap) for (n0, _), (n, cap) in zip(seen, seen[1:]) if n > n0]
   assert grew and all(n <= cap for n, cap in grew)
+
+
+def test_synchronous_push_serves_from_step_0_and_a_late_instance_waits_without_failing():
+  # The instances up at the start get version 0 by the push (they sat idle through step 0
+  # before); one that starts mid-step waits for the next step's push, however long that step
+  # is, and no pull fails: the simulated store is healthy, so the manager's pull deadline (a
+  # detector of failing stores) is off in the simulator. It fired inside the full run
+  # (`spot_sim --preset=qwen3-14b --settings=sync_push --segments=1`: a WeightLoadError).
+  assert driver.SIM_MANAGER.load_timeout == math.inf
+  trace = Trace((TraceEvent(0.0, ADD, "n0"), TraceEvent(0.0, ADD, "n1"),
+                 TraceEvent(10.0, ADD, "late")), 1e6, "late")
+  sim = Simulation(small(max_steps=3, sync_push=True), trace)
+  res = sim.run()
+  assert res.steps[0].t_remote > 0 and res.steps[0].delta["tokens"] > \
+      res.steps[0].delta["tokens_local"]  # the two early instances served step 0
+  pulled = [(w, d) for _, kind, w, d in sim.manager.fleet.events if kind == "pulled"
+            and w.startswith("spot-late")]
+  assert pulled and pulled[0][1].startswith("v1 ") and res.steps[0].end > 10.0
+  assert res.counters["pull_failures"] == 0 and len(res.steps) == 3

@@ -75,12 +75,13 @@ class StepTimings:
   Attributes:
     t_wait_train: the trainer idle after seeding, waiting for responses.
     t_wait_remote: remote workers idle after their last response until the step ended
-      (mean over the remote workers of the step).
+      (mean over the remote workers alive at the step's end; one preempted or retired during
+      the step did not wait for it).
     t_train: the trainer's effective (non-idle) training time.
     t_remote: remote compute time (mean busy time per remote worker).
     n_prem: remote workers, time-averaged over the step.
     n_next: remote workers alive at the end of the step (the count for the next one).
-    count_changed: whether a remote worker joined or was lost during the step.
+    count_changed: whether a remote worker joined, was lost or was retired during the step.
     t_step: the step's wall time (the window never exceeds it).
   """
   t_wait_train: float
@@ -188,7 +189,8 @@ class OffloadDriver:
     self._t0 = manager.clock.now()
     stats = manager.fleet.stats
     self._start = dict(times=manager.worker_times(), remote_s=manager.remote_worker_seconds(),
-                       counts=(stats.joined, stats.lost), tokens=(stats.tokens, stats.tokens_local))
+                       counts=(stats.joined, stats.lost), remote=set(remote),
+                       tokens=(stats.tokens, stats.tokens_local))
 
   def deadline(self) -> float | None:
     """Clock time at which the local workers hand off (None: no seeding this step)."""
@@ -227,11 +229,14 @@ class OffloadDriver:
       b0 = before.get(wid, (0.0, self._t0, False))[0]
       if b - b0 > 0 or wid in manager.fleet:
         busy.append(b - b0)
-        waits.append(now - max(last, self._t0))
+        if wid in manager.fleet:  # one preempted or retired mid-step did not wait to the end
+          waits.append(now - max(last, self._t0))
     n_prem = (manager.remote_worker_seconds() - self._start["remote_s"]) / t_step
     stats = manager.fleet.stats
-    changed = (stats.joined, stats.lost) != self._start["counts"]
     _, remote = self._split(manager)
+    # "the instance count did not change during the step": no join, no loss, no retirement
+    changed = ((stats.joined, stats.lost) != self._start["counts"]
+               or set(remote) != self._start["remote"])
     tok0, loc0 = self._start["tokens"]
     tokens, local_tokens = stats.tokens - tok0, stats.tokens_local - loc0
     timings = StepTimings(

@@ -50,3 +50,10 @@ def test_a_trace_that_never_makes_an_instance_available_is_refused(tmp_path):
   ok = tmp_path / "counts.csv"
   ok.write_text("date, time, available\n2021-12-11, 10:00, 2\n2021-12-11, 10:01, 1\n")
   assert RolloutSetup(rollout="ray", preempt_trace=str(ok)).preempt_trace == str(ok)
+  huge = tmp_path / "huge.csv"  # a count of 1e9 instances built a billion events (a hang)
+  huge.write_text("0,1\n60,1e9\n")
+  with pytest.raises(ValueError, match=r"rollout.preempt_trace: .*huge.csv:2: 1,000,000,000 "
+                                       r"instances"):
+    RolloutSetup(rollout="ray", preempt_trace=str(huge))
+  with pytest.raises(ValueError, match="rollout.trace_time_scale must be a finite number > 0"):
+    RolloutSetup(rollout="ray", preempt_trace=str(ok), trace_time_scale=float("nan"))
