@@ -18,6 +18,15 @@ Randomness is `fold_in(request.key, response_index)`, so outputs do not depend o
 batch, arrival order or interruption. The host state between steps is exact: `abort()` returns
 each request with every token generated so far, ready to be resumed on any engine.
 
+MoE policies: every token is routed on its own (the stored balancing state; no BIP sweep or
+capacity drop across slots), so a request's tokens do not depend on its batch-mates. The
+experts of every fed position travel with the request (`Request.routes`, streamed in
+`TokenChunk.routes`): a prefix's routes are captured once by its prefill and kept per slot on
+the host beside the slot's KV, so requests that take the prefix by a row copy take its routes
+too; a request that arrives with recorded routes (resumed, migrated, re-queued on a weight
+swap) is re-prefilled with them forced, rebuilding its KV with the experts that produced its
+logged log-probs (such a prefix is shared only with requests whose routes are the same).
+
 Design choices:
 - KV layout: one contiguous `max_len` row per slot, not pages. A paged cache pays off when
   rows are much shorter than `max_len` on average; with the XLA attention of `models.forward`
@@ -78,6 +87,15 @@ class Engine:
     self._live = np.zeros((s,), bool)
     self._req: list[Request | None] = [None] * s
     self._prefix: list[bytes | None] = [None] * s  # intact prefill prefix of the slot's rows
+    # MoE: routes of each slot's prefix (`[len, layers, k]`, host), and how many route positions
+    # of the slot's request its receiver holds (the rest go out with the next chunk).
+    self._moe = model_config.moe is not None
+    self._prefix_routes: list[np.ndarray | None] = [None] * s
+    self._emitted = np.zeros((s,), np.int64)
+    # This round's admissions whose prefix routes are still on the device: (slot, source slot)
+    # or (slot, (index into _prefill_routes, row, length)).
+    self._unresolved: list[tuple[int, Any]] = []
+    self._prefill_routes: list[Any] = []
     self._waiting: collections.deque[Request] = collections.deque()
     self._ids: set[int] = set()
     self._key_of: dict[int, bytes] = {}
@@ -124,6 +142,8 @@ class Engine:
       raise ValueError(f"duplicate request ids in one submit: {sorted(ids)}")
     for r in batch:
       self._validate(r)
+      if r.num_routed:
+        r.routes = r.routes.astype(self._route_dtype())
     stops = self.config.sampling.stop_tokens
     for r in batch:
       self._ids.add(r.request_id)
@@ -155,6 +175,28 @@ class Engine:
     if r.min_version > self.version:
       raise ValueError(f"request {r.request_id} needs weight version >= {r.min_version}; this "
                        f"engine has version {self.version}")
+    if r.routes is not None:
+      m = self.model_config.moe
+      if m is None:
+        raise ValueError(f"request {r.request_id} carries MoE routes but the model is dense")
+      want = (self.model_config.num_layers, m.num_experts_per_tok)
+      if r.num_routed and (tuple(r.routes.shape[1:]) != want
+                           or int(r.routes.max()) >= m.num_experts):
+        raise ValueError(f"request {r.request_id}: routes of shape {list(r.routes.shape)} (ids "
+                         f"up to {int(r.routes.max())}) do not fit this model: [positions, "
+                         f"layers={want[0]}, k={want[1]}] with ids below {m.num_experts}")
+
+  def _route_dtype(self):
+    from jaxrl_sys.models.moe import route_dtype  # pylint: disable=import-outside-toplevel
+    return np.dtype(route_dtype(self.model_config.moe.num_experts))
+
+  def _forced(self, b: int, t: int):
+    """Zero forced-route arrays `([b, t, layers, k], [b, t] mask)` of a prefill (MoE), or None."""
+    if not self._moe:
+      return None
+    m = self.model_config.moe
+    return (np.zeros((b, t, self.model_config.num_layers, m.num_experts_per_tok),
+                     self._route_dtype()), np.zeros((b, t), bool))
 
   def abort(self, request_ids: Iterable[int] | None = None) -> list[Request]:
     """Stops requests (all when None) and returns their exact partial state (resumable).
@@ -203,6 +245,7 @@ class Engine:
                        "engine's (this would recompile every function)")
     self.params, self.version, self.moe_state = params, int(version), moe_state
     self._prefix = [None] * self.config.num_slots  # new admissions prefill with the new weights
+    self._prefix_routes = [None] * self.config.num_slots
     if self.config.recompute_kv_on_swap:
       running = [self._req[s] for s in np.flatnonzero(self._live)]
       for s in np.flatnonzero(self._live):
@@ -217,6 +260,8 @@ class Engine:
 
   def _enqueue(self, r: Request, front: bool = False) -> None:
     key = np.concatenate([r.prompt, r.tokens])[:-1].tobytes()
+    if r.num_routed:  # a prefix rebuilt with recorded routes is shared only with the same routes
+      key += b"|routes|" + r.routes.tobytes()
     self._key_of[r.request_id] = key
     self._waiting_keys[key] += 1
     (self._waiting.appendleft if front else self._waiting.append)(r)
@@ -271,9 +316,10 @@ class Engine:
     todo = variants[done:] if limit is None else variants[done:done + limit]
     for kind, a, b in todo:
       if kind == "prefill":
-        self.cache = self._call(slots.prefill, self.params, self.cache, np.zeros((b, a), np.int32),
-                                np.zeros((b,), np.int32), np.full((b,), n, np.int32),
-                                self.moe_state, config=self.model_config)
+        self.cache, _ = self._call(slots.prefill, self.params, self.cache,
+                                   np.zeros((b, a), np.int32), np.zeros((b,), np.int32),
+                                   np.full((b,), n, np.int32), self.moe_state,
+                                   self._forced(b, a), config=self.model_config)
       elif kind == "copy":
         self.cache = self._call(slots.copy_prefix, self.cache, np.zeros((n,), np.int32),
                                 np.full((n,), n, np.int32), np.zeros((n,), np.int32), t=a)
@@ -305,7 +351,7 @@ class Engine:
     while self._waiting and free:
       r = self._waiting.popleft()
       key = self._key_of[r.request_id]
-      n = len(key) // 4
+      n = len(r.prompt) + r.num_generated - 1   # the prefill prefix: all but the pending token
       self._waiting_keys[key] -= 1
       own = [s for s in sources.get(key, ()) if s in free]  # a free slot holding this prefix
       s = own[0] if own else free[0]
@@ -315,14 +361,20 @@ class Engine:
       src = [a for a in sources.get(key, ()) if a != s]  # live, or prefilled this round
       if n == 0 or own:
         copies.append((s, s, n))  # reset the slot's metadata, rows already in place
+        if n == 0:
+          self._prefix_routes[s] = None
+        else:
+          self._unresolved.append((s, s))
       elif src:
         copies.append((src[0], s, n))  # copies run after this round's prefills
+        self._unresolved.append((s, src[0]))  # its routes are the source's
       else:
-        leaders.append((np.concatenate([r.prompt, r.tokens])[:-1], s))
+        leaders.append((np.concatenate([r.prompt, r.tokens])[:-1], s, r))
       self.stats.prefix_hits += int(n > 0 and bool(own or src))
       if c.share_prefixes:
         sources[key].append(s)
       self._req[s], self._prefix[s], self._live[s] = r, key, True
+      self._emitted[s] = r.num_routed
       self._pending[s] = r.tokens[-1] if r.num_generated else r.prompt[-1]
       self._keys[s], self._index[s], self._budget[s] = r.key, r.num_generated, r.remaining
       self._written[s] = n
@@ -332,13 +384,20 @@ class Engine:
     for i in range(0, len(leaders), max_b):
       part = leaders[i:i + max_b]
       b = pick(len(part), c.prefill_batch_buckets)
-      t = pick(max(len(q) for q, _ in part), c.prefill_buckets)
+      t = pick(max(len(q) for q, _, _ in part), c.prefill_buckets)
       toks, lens = np.zeros((b, t), np.int32), np.zeros((b,), np.int32)
       dst = np.full((b,), c.num_slots, np.int32)
-      for j, (q, s) in enumerate(part):
+      forced = self._forced(b, t)
+      for j, (q, s, r) in enumerate(part):
         toks[j, :len(q)], lens[j], dst[j] = q, len(q), s
-      self.cache = self._call(slots.prefill, self.params, self.cache, toks, lens, dst,
-                              self.moe_state, config=self.model_config)
+        if r.num_routed:  # recorded routes: rebuild the KV with them
+          forced[0][j, :len(q)], forced[1][j, :len(q)] = r.routes, True
+      self.cache, routes = self._call(slots.prefill, self.params, self.cache, toks, lens, dst,
+                                      self.moe_state, forced, config=self.model_config)
+      if routes is not None:
+        self._prefill_routes.append(routes)
+        for j, (q, s, _) in enumerate(part):
+          self._unresolved.append((s, (len(self._prefill_routes) - 1, j, len(q))))
       self.stats.prefill_calls += 1
       self.stats.prefill_rows += len(part)
       self.stats.prefill_tokens += int(lens.sum())
@@ -357,9 +416,11 @@ class Engine:
     moves = [(a, d, int(self._written[a])) for a, d in zip(movers, holes)]
     self._copy(moves)
     for a, d, _ in moves:
-      for arr in (self._pending, self._keys, self._index, self._budget, self._written):
+      for arr in (self._pending, self._keys, self._index, self._budget, self._written,
+                  self._emitted):
         arr[d] = arr[a]
       self._req[d], self._prefix[d], self._live[d] = self._req[a], self._prefix[a], True
+      self._prefix_routes[d] = self._prefix_routes[a]
       self._release(a)
     self.stats.moved_rows += len(moves)
 
@@ -376,7 +437,9 @@ class Engine:
     need = self._written[live] + np.minimum(self._budget[live], c.stream_every)
     width = pick(int(need.max()), c.decode_len_buckets)
     out = self._decode(rows, width, self._live[:rows].copy())
-    toks, lps, count, stopped, steps = jax.device_get(out)
+    (toks, lps, count, stopped, steps, routes), fetched = jax.device_get(
+        (out, self._prefill_routes))
+    self._resolve_routes(fetched)
     self.stats.decode_calls += 1
     self.stats.decode_steps += int(steps)
     self.stats.decode_row_steps += int(steps) * rows
@@ -386,7 +449,10 @@ class Engine:
       if n == 0:
         continue
       start = r.num_generated
-      r.extend(toks[s, :n], lps[s, :n], self.version)
+      r.extend(toks[s, :n], lps[s, :n], self.version, None if routes is None else routes[s, :n])
+      new_routes = None
+      if routes is not None:
+        new_routes, self._emitted[s] = r.routes[self._emitted[s]:].copy(), r.num_routed
       self._pending[s] = toks[s, n - 1]
       self._index[s] += n
       self._budget[s] -= n
@@ -395,13 +461,28 @@ class Engine:
       finish = (FinishReason.STOP if stopped[s] else
                 FinishReason.LENGTH if self._budget[s] <= 0 else None)
       chunks.append(TokenChunk(r.request_id, start, toks[s, :n].copy(), lps[s, :n].copy(),
-                               self.version, finish))
+                               self.version, finish, new_routes))
       if finish is not None:
         self._release(s)
         self._finish(r, finish)
     if self.on_chunk is not None and chunks:
       self.on_chunk(chunks)
     return chunks
+
+  def _resolve_routes(self, fetched: list[np.ndarray]) -> None:
+    """Gives this round's admissions their prefix routes: from their prefill, then (a copy's
+    source is a live slot or one of this round's prefills) from the slot their prefix was
+    copied from. A request without recorded routes takes them (its next chunk sends them)."""
+    for s, x in sorted(self._unresolved, key=lambda e: isinstance(e[1], int)):
+      if isinstance(x, int):
+        self._prefix_routes[s] = self._prefix_routes[x]
+      else:
+        i, j, n = x
+        self._prefix_routes[s] = np.asarray(fetched[i][j, :n])
+      r = self._req[s]
+      if r is not None and not r.num_routed and self._prefix_routes[s] is not None:
+        r.routes = self._prefix_routes[s]
+    self._unresolved, self._prefill_routes = [], []
 
   def run(self, max_steps: int | None = None) -> list[Completion]:
     """Steps until no work is left (or `max_steps`); returns the completions."""

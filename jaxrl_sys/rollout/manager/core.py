@@ -149,7 +149,7 @@ class ManagerCore:
       self.stats.tokens_kept += n
       self.stats.tokens_discarded += r.num_generated - n
       if n < r.num_generated:
-        r.tokens, r.logprobs, r.versions = r.tokens[:n], r.logprobs[:n], r.versions[:n]
+        r.truncate(n)
         prov = self._provenance.get(rid, [])
         self._provenance[rid] = [(w, a, min(b, n)) for w, a, b in prov if a < n]
 
@@ -367,7 +367,7 @@ class ManagerCore:
       return
     n = len(c.tokens)
     if n:
-      st.request.extend(c.tokens, c.logprobs, c.version)
+      st.request.extend(c.tokens, c.logprobs, c.version, c.routes)
       prov = self._provenance[c.request_id]
       if prov and prov[-1][0] == wid and prov[-1][2] == c.start:
         prov[-1] = (wid, prov[-1][1], c.start + n)

@@ -372,7 +372,18 @@ class RLLoop:
       scored.append(sc)
       yield self.fns.put_batch(batch_lib.pack(sc.samples, padded * self.samples,
                                               self._row_length(sc.samples), self.tok.pad_id,
-                                              window=self.lc.max_new_tokens))
+                                              window=self.lc.max_new_tokens,
+                                              route_shape=self.route_shape))
+
+  @property
+  def route_shape(self):
+    """`(layers, k, dtype)` of the rollout routes packed into the batches (MoE policy under
+    routing replay R3), or None."""
+    m = self.mc.moe
+    if m is None or self.tc.routing_replay != "R3":
+      return None
+    from jaxrl_sys.models.moe import route_dtype  # pylint: disable=import-outside-toplevel
+    return (self.mc.num_layers, m.num_experts_per_tok, np.dtype(route_dtype(m.num_experts)))
 
   def _row_length(self, samples) -> int:
     """Packed row length of a micro-batch: what its rows need, in `batch.row_granule` steps."""
@@ -455,6 +466,9 @@ class RLLoop:
         row.update(rollout_metrics(counters, now_counters), **offload_row)
         counters = now_counters
         row["groups_buffered"] = len(buffer.groups)
+        if self.mc.moe is not None:  # this process's routes of the step's trained samples
+          row["route_bytes"] = sum(int(c.request.routes.nbytes) for g in taken
+                                   for c in g.completions() if c.request.routes is not None)
         row["group_ids"] = list(stats.group_ids)
         for hook in self.step_hooks:
           hook(step, state, row)
