@@ -108,20 +108,27 @@ class Request:
 
   def extend(self, tokens, logprobs, version: int, routes=None) -> None:
     """Appends streamed tokens (all produced by weight `version`) and, for an MoE policy, the
-    routes they add (`TokenChunk.routes`): afterwards the routes cover every fed position."""
+    routes they add (`TokenChunk.routes`): afterwards the routes cover every fed position. A
+    chunk that breaks that raises ValueError and leaves the request as it was."""
     tokens = np.asarray(tokens, np.int32).reshape(-1)
+    new_routes = self.routes
     if routes is not None:
       routes = np.asarray(routes)
       old = self.routes if self.num_routed else np.zeros((0,) + routes.shape[1:], routes.dtype)
-      self.routes = np.concatenate([old, routes.astype(old.dtype)])
+      new_routes = np.concatenate([old, routes.astype(old.dtype)])
+      want = len(self.prompt) + len(self.tokens) + len(tokens) - 1
+      if len(new_routes) != want:
+        raise ValueError(
+            f"request {self.request_id}: routes of {len(new_routes)} positions for a prompt of "
+            f"{len(self.prompt)} and {len(self.tokens) + len(tokens)} tokens; a request records "
+            f"none or one per fed position (prompt + tokens - 1 = {want})")
     elif self.num_routed and len(tokens):
       raise ValueError(f"request {self.request_id}: {len(tokens)} tokens without routes extend "
                        "a request that records routes")
+    self.routes = new_routes
     self.tokens = np.concatenate([self.tokens, tokens])
     self.logprobs = np.concatenate([self.logprobs, np.asarray(logprobs, np.float32).reshape(-1)])
     self.versions = np.concatenate([self.versions, np.full(len(tokens), version, np.int32)])
-    if self.routes is not None:
-      self._check_routes()
 
   def truncate(self, n: int) -> None:
     """Keeps the first `n` generated tokens (with their log-probs, versions and routes)."""
