@@ -53,6 +53,7 @@ from jaxrl_sys.models import kv_cache as kvc
 from jaxrl_sys.models.config import ModelConfig
 from jaxrl_sys.rollout.engine import slots
 from jaxrl_sys.rollout.engine.config import EngineConfig, EngineStats
+from jaxrl_sys.rollout.engine.routes import SlotRoutes
 from jaxrl_sys.rollout.types import Completion, FinishReason, Request, TokenChunk
 
 pick = slots.pick_bucket
@@ -87,15 +88,8 @@ class Engine:
     self._live = np.zeros((s,), bool)
     self._req: list[Request | None] = [None] * s
     self._prefix: list[bytes | None] = [None] * s  # intact prefill prefix of the slot's rows
-    # MoE: routes of each slot's prefix (`[len, layers, k]`, host), and how many route positions
-    # of the slot's request its receiver holds (the rest go out with the next chunk).
-    self._moe = model_config.moe is not None
-    self._prefix_routes: list[np.ndarray | None] = [None] * s
-    self._emitted = np.zeros((s,), np.int64)
-    # This round's admissions whose prefix routes are still on the device: (slot, source slot)
-    # or (slot, (index into _prefill_routes, row, length)).
-    self._unresolved: list[tuple[int, Any]] = []
-    self._prefill_routes: list[Any] = []
+    # MoE: each slot's prefix routes and what its request has streamed (`engine.routes`).
+    self._routes = None if model_config.moe is None else SlotRoutes(model_config, s)
     self._waiting: collections.deque[Request] = collections.deque()
     self._ids: set[int] = set()
     self._key_of: dict[int, bytes] = {}
@@ -142,8 +136,6 @@ class Engine:
       raise ValueError(f"duplicate request ids in one submit: {sorted(ids)}")
     for r in batch:
       self._validate(r)
-      if r.num_routed:
-        r.routes = r.routes.astype(self._route_dtype())
     stops = self.config.sampling.stop_tokens
     for r in batch:
       self._ids.add(r.request_id)
@@ -176,27 +168,13 @@ class Engine:
       raise ValueError(f"request {r.request_id} needs weight version >= {r.min_version}; this "
                        f"engine has version {self.version}")
     if r.routes is not None:
-      m = self.model_config.moe
-      if m is None:
+      if self._routes is None:
         raise ValueError(f"request {r.request_id} carries MoE routes but the model is dense")
-      want = (self.model_config.num_layers, m.num_experts_per_tok)
-      if r.num_routed and (tuple(r.routes.shape[1:]) != want
-                           or int(r.routes.max()) >= m.num_experts):
-        raise ValueError(f"request {r.request_id}: routes of shape {list(r.routes.shape)} (ids "
-                         f"up to {int(r.routes.max())}) do not fit this model: [positions, "
-                         f"layers={want[0]}, k={want[1]}] with ids below {m.num_experts}")
-
-  def _route_dtype(self):
-    from jaxrl_sys.models.moe import route_dtype  # pylint: disable=import-outside-toplevel
-    return np.dtype(route_dtype(self.model_config.moe.num_experts))
+      self._routes.check(r)
 
   def _forced(self, b: int, t: int):
-    """Zero forced-route arrays `([b, t, layers, k], [b, t] mask)` of a prefill (MoE), or None."""
-    if not self._moe:
-      return None
-    m = self.model_config.moe
-    return (np.zeros((b, t, self.model_config.num_layers, m.num_experts_per_tok),
-                     self._route_dtype()), np.zeros((b, t), bool))
+    """Zero forced-route arrays of a `[b, t]` prefill (MoE), or None (dense)."""
+    return None if self._routes is None else self._routes.forced(b, t)
 
   def abort(self, request_ids: Iterable[int] | None = None) -> list[Request]:
     """Stops requests (all when None) and returns their exact partial state (resumable).
@@ -245,7 +223,8 @@ class Engine:
                        "engine's (this would recompile every function)")
     self.params, self.version, self.moe_state = params, int(version), moe_state
     self._prefix = [None] * self.config.num_slots  # new admissions prefill with the new weights
-    self._prefix_routes = [None] * self.config.num_slots
+    if self._routes is not None:
+      self._routes.clear()
     if self.config.recompute_kv_on_swap:
       running = [self._req[s] for s in np.flatnonzero(self._live)]
       for s in np.flatnonzero(self._live):
@@ -359,22 +338,21 @@ class Engine:
       if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
         sources[self._prefix[s]].remove(s)
       src = [a for a in sources.get(key, ()) if a != s]  # live, or prefilled this round
+      source = None
       if n == 0 or own:
         copies.append((s, s, n))  # reset the slot's metadata, rows already in place
-        if n == 0:
-          self._prefix_routes[s] = None
-        else:
-          self._unresolved.append((s, s))
+        source = s
       elif src:
         copies.append((src[0], s, n))  # copies run after this round's prefills
-        self._unresolved.append((s, src[0]))  # its routes are the source's
+        source = src[0]
       else:
         leaders.append((np.concatenate([r.prompt, r.tokens])[:-1], s, r))
+      if self._routes is not None:
+        self._routes.admitted(s, r, source, n)
       self.stats.prefix_hits += int(n > 0 and bool(own or src))
       if c.share_prefixes:
         sources[key].append(s)
       self._req[s], self._prefix[s], self._live[s] = r, key, True
-      self._emitted[s] = r.num_routed
       self._pending[s] = r.tokens[-1] if r.num_generated else r.prompt[-1]
       self._keys[s], self._index[s], self._budget[s] = r.key, r.num_generated, r.remaining
       self._written[s] = n
@@ -395,9 +373,7 @@ class Engine:
       self.cache, routes = self._call(slots.prefill, self.params, self.cache, toks, lens, dst,
                                       self.moe_state, forced, config=self.model_config)
       if routes is not None:
-        self._prefill_routes.append(routes)
-        for j, (q, s, _) in enumerate(part):
-          self._unresolved.append((s, (len(self._prefill_routes) - 1, j, len(q))))
+        self._routes.prefilled(routes, [(s, len(q)) for q, s, _ in part])
       self.stats.prefill_calls += 1
       self.stats.prefill_rows += len(part)
       self.stats.prefill_tokens += int(lens.sum())
@@ -416,11 +392,11 @@ class Engine:
     moves = [(a, d, int(self._written[a])) for a, d in zip(movers, holes)]
     self._copy(moves)
     for a, d, _ in moves:
-      for arr in (self._pending, self._keys, self._index, self._budget, self._written,
-                  self._emitted):
+      for arr in (self._pending, self._keys, self._index, self._budget, self._written):
         arr[d] = arr[a]
       self._req[d], self._prefix[d], self._live[d] = self._req[a], self._prefix[a], True
-      self._prefix_routes[d] = self._prefix_routes[a]
+      if self._routes is not None:
+        self._routes.moved(a, d)
       self._release(a)
     self.stats.moved_rows += len(moves)
 
@@ -438,8 +414,9 @@ class Engine:
     width = pick(int(need.max()), c.decode_len_buckets)
     out = self._decode(rows, width, self._live[:rows].copy())
     (toks, lps, count, stopped, steps, routes), fetched = jax.device_get(
-        (out, self._prefill_routes))
-    self._resolve_routes(fetched)
+        (out, [] if self._routes is None else self._routes.prefills))
+    if self._routes is not None:
+      self._routes.resolve(fetched, self._req)
     self.stats.decode_calls += 1
     self.stats.decode_steps += int(steps)
     self.stats.decode_row_steps += int(steps) * rows
@@ -450,9 +427,7 @@ class Engine:
         continue
       start = r.num_generated
       r.extend(toks[s, :n], lps[s, :n], self.version, None if routes is None else routes[s, :n])
-      new_routes = None
-      if routes is not None:
-        new_routes, self._emitted[s] = r.routes[self._emitted[s]:].copy(), r.num_routed
+      new_routes = None if routes is None else self._routes.new_routes(s, r)
       self._pending[s] = toks[s, n - 1]
       self._index[s] += n
       self._budget[s] -= n
@@ -468,21 +443,6 @@ class Engine:
     if self.on_chunk is not None and chunks:
       self.on_chunk(chunks)
     return chunks
-
-  def _resolve_routes(self, fetched: list[np.ndarray]) -> None:
-    """Gives this round's admissions their prefix routes: from their prefill, then (a copy's
-    source is a live slot or one of this round's prefills) from the slot their prefix was
-    copied from. A request without recorded routes takes them (its next chunk sends them)."""
-    for s, x in sorted(self._unresolved, key=lambda e: isinstance(e[1], int)):
-      if isinstance(x, int):
-        self._prefix_routes[s] = self._prefix_routes[x]
-      else:
-        i, j, n = x
-        self._prefix_routes[s] = np.asarray(fetched[i][j, :n])
-      r = self._req[s]
-      if r is not None and not r.num_routed and self._prefix_routes[s] is not None:
-        r.routes = self._prefix_routes[s]
-    self._unresolved, self._prefill_routes = [], []
 
   def run(self, max_steps: int | None = None) -> list[Completion]:
     """Steps until no work is left (or `max_steps`); returns the completions."""
