@@ -17,6 +17,11 @@ Parameters of the MoE layers (L layers, E experts, D hidden, F expert width, S s
   shared.{w_gate, w_up [L, D, S], w_down [L, S, D]}     (num_shared_experts > 0)
   shared_gate [L, D, 1]                                   (shared_expert_gate)
 
+Inference routes every token on its own (`per_token=True`, what `forward` does with a KV
+cache): top-k with the stored balancing state (aux-free bias, BIP duals without sweeps), no
+capacity drop, so a request's experts do not depend on its batch-mates. Training routes the
+batch (BIP sweeps, capacity) or replays recorded routes (`forced`, `models.moe.replay`).
+
 Balancing state (`MoEState`, not trained) is threaded by the trainer:
   state = init_moe_state(config)
   out = forward(params, config, tokens, ..., moe_state=state)    # out.aux: per-layer stats

@@ -103,8 +103,8 @@ class AlgoConfig:
       trainer scores the policy that sampled (BIP balancing and capacity limits route a
       training batch differently); R2 replays the policy forward's own routes in the reference
       (KL) forward only; off routes live. docs/moe.md.
-    routing_live_mismatch: with routing replay, also measure the mismatch of a forward with
-      live routes (mismatch_live_* metrics beside mismatch_*; one more forward per
+    routing_live_mismatch: with routing replay R3, also measure the mismatch of a forward
+      with live routes (mismatch_live_* metrics beside mismatch_*; one more forward per
       micro-batch).
   """
   algo: str = "grpo"
@@ -119,7 +119,8 @@ class AlgoConfig:
       raise ValueError(f"unknown --algo {self.algo!r}; choose one of {ALGOS}")
     if self.routing_replay not in ROUTING_REPLAY:
       raise ValueError(f"--train.routing_replay={self.routing_replay!r} is not one of "
-                       f"{ROUTING_REPLAY} (off, or R3: replay the rollout's MoE routes)")
+                       f"{ROUTING_REPLAY} (R3: replay the rollout's MoE routes in training; "
+                       "off: route live)")
     if self.behav_weight_cap is not None and not self.behav_weight_cap > 0:
       raise ValueError(f"--behav_weight_cap={self.behav_weight_cap} must be > 0 (unset = no cap)")
 

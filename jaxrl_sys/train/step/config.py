@@ -82,7 +82,7 @@ class TrainConfig:
       whatever BIP balancing or a capacity limit would choose for the training batch; "R2"
       routes the policy forward live and replays its routes in the reference forward; "off"
       routes every forward live. See docs/moe.md.
-    routing_live_mismatch: under routing replay, also run each micro-batch's policy forward
+    routing_live_mismatch: under routing replay R3, also run each micro-batch's policy forward
       with live routes (no gradient) and log its mismatch to the rollout log-probs as
       mismatch_live_mean / _max / _out_frac beside the replayed mismatch_*: what replay
       removes (one more forward per micro-batch).

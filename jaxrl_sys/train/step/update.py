@@ -25,8 +25,8 @@ MoE routing replay (`TrainConfig.routing_replay`): "R3" runs the policy forward 
 reference forward) with the rollout's routes from the batch (`batch.routes`, forced where
 `batch.route_mask`), so the trainer scores the experts that produced the samples; "R2" routes
 the policy forward live and replays its routes in the reference forward; "off" routes every
-forward live. `routing_live_mismatch` adds a no-gradient forward with live routes and logs its
-mismatch to the rollout log-probs (`mismatch_live_*`) beside the replayed one.
+forward live. `routing_live_mismatch` (R3) adds a no-gradient forward with live routes and logs
+its mismatch to the rollout log-probs (`mismatch_live_*`) beside the replayed one.
 """
 from __future__ import annotations
 
@@ -183,9 +183,9 @@ def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelCo
 
 def live_mismatch(model_config: ModelConfig, train_config: TrainConfig) -> bool:
   """Whether the step also measures the mismatch of live routing (`routing_live_mismatch`
-  under replay, MoE only)."""
+  under R3, MoE only)."""
   return (model_config.moe is not None and train_config.routing_live_mismatch
-          and train_config.routing_replay != "off")
+          and train_config.routing_replay == "R3")
 
 
 def init_accum(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,

@@ -19,6 +19,7 @@ from jaxrl_sys.losses.mismatch import mismatch_stats
 from jaxrl_sys.models.moe import block as moe
 from jaxrl_sys.rollout import (EngineConfig, InProcessRollout, ManagerConfig, Request,
                                RolloutManager, ThreadWorker, request_key)
+from jaxrl_sys.rollout.types import TokenChunk
 from jaxrl_sys.rollout.engine.engine import Engine
 from jaxrl_sys.rollout.wire import request_from_json, request_to_json
 from jaxrl_sys.train.step import batch as batch_lib
@@ -170,7 +171,11 @@ def test_abort_and_resume_elsewhere_keeps_routes_and_rebuilds_the_kv(policy):
 
 def test_route_records_stay_contiguous():
   r = Request(0, [1, 2, 3], 6, request_key(0, 0))
-  r.extend([5, 6], [-1.0, -2.0], 0, np.zeros((4, 2, 2), np.uint8))   # prefix (2) + 2 tokens
+  first = TokenChunk(0, 0, np.array([5, 6]), np.array([-1.0, -2.0]), 0,
+                     routes=np.arange(16, dtype=np.uint8).reshape(4, 2, 2))  # prefix (2) + 2
+  for piece in first.split():                  # a worker releasing one token at a time
+    r.extend(piece.tokens, piece.logprobs, piece.version, piece.routes)
+  np.testing.assert_array_equal(r.routes, first.routes)
   r.extend([7], [-1.0], 1, np.ones((1, 2, 2), np.uint8))
   assert r.num_routed == 5
   with pytest.raises(ValueError, match="without routes extend a request that records routes"):
