@@ -32,7 +32,7 @@ from jaxrl_sys import models
 from jaxrl_sys.losses.mismatch import mismatch_stats
 from jaxrl_sys.models import kv_cache as kvc
 from jaxrl_sys.models.moe import block as moe
-from jaxrl_sys.rollout import EngineConfig, InProcessRollout, Request, request_key
+from jaxrl_sys.rollout import Engine, EngineConfig, Request, request_key
 from jaxrl_sys.train.step import batch as batch_lib
 from jaxrl_sys.train.step.config import TrainConfig
 from jaxrl_sys.train.step.update import batch_routes, token_logprobs
@@ -76,12 +76,9 @@ def rollout(cfg, params, state, n: int, new_tokens: int, prompt_len: int = 16):
                     prefill_batch_buckets=(n,), decode_row_buckets=(n,),
                     decode_len_buckets=(prompt_len + new_tokens,), stream_every=8,
                     sampling=models.SamplingConfig(temperature=1.0))
-  client = InProcessRollout.create(cfg, params, ec, moe_state=state)
-  client.submit(reqs)
-  out = {}
-  while client.num_pending():
-    for c in client.poll(min_count=1):
-      out[c.request_id] = c.request
+  engine = Engine(cfg, params, ec, moe_state=state)
+  engine.submit(reqs)
+  out = {c.request_id: c.request for c in engine.run()}
   return [out[i] for i in range(n)]
 
 
@@ -95,7 +92,7 @@ def mismatch(cfg, params, state, reqs, mode: str, row_len: int, window: int) -> 
 
   @jax.jit
   def run(p, b):
-    lp, _, aux = token_logprobs(p, cfg, tc, b, state, batch_routes(cfg, tc, b))
+    lp, _, aux = token_logprobs(p, cfg, tc, b, state, routes=batch_routes(cfg, tc, b))
     return lp, aux
 
   lp, aux = run(params, b)

@@ -15,8 +15,10 @@ are used; the gradient reaches the masters through that cast, is summed in float
 the optimizer in float32, never rounded to the parameters' dtype.
 
 Per token: log-probs and entropy come from `kernels.fused_logprobs(hidden, unembed, targets,
-temperature)` at the sampling temperature, over the batch's scoring window (`batch.pack`): the
-response positions, not the prompt's. The proximal policy of the decoupled loss is the
+temperature)` at the temperature the responses were sampled at, read from the rollout's
+`models.SamplingConfig` (`sampling=`: the one home of the setting; the full distribution at
+that temperature), over the batch's scoring window (`batch.pack`): the response positions, not
+the prompt's. The proximal policy of the decoupled loss is the
 parameters before this update (one optimizer update per step), i.e. `stop_gradient` of the
 same forward pass; the behaviour policy is the rollout engine's log-probs. The reference
 policy (KL) is a frozen copy in the state, skipped when the KL coefficient is 0.
@@ -45,7 +47,7 @@ from jaxrl_sys.losses.aggregation import loss_denominator
 from jaxrl_sys.losses.ess import ess_lr_scale, sequence_log_weights
 from jaxrl_sys.losses.mismatch import mismatch_stats
 from jaxrl_sys.losses.policy import policy_loss
-from jaxrl_sys.models import ModelConfig, forward, unembedding
+from jaxrl_sys.models import ModelConfig, SamplingConfig, forward, unembedding
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules, logical_to_spec
 from jaxrl_sys.sharding.axes import BATCH
 from jaxrl_sys.train.step.batch import TrainBatch
@@ -60,6 +62,8 @@ _TOKEN_MEANS = ("kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high",
 _MOE_LATEST = ("q",)
 # The mismatch of a forward with live routes, under routing replay (`routing_live_mismatch`).
 _LIVE_MEANS = ("mismatch_live_mean", "mismatch_live_out_frac")
+# The sampling config of a step given none: temperature 1.
+SAMPLING = SamplingConfig()
 
 
 class Accum(NamedTuple):
@@ -120,10 +124,12 @@ def batch_routes(model_config: ModelConfig, train_config: TrainConfig, batch: Tr
 
 
 def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig, batch: TrainBatch,
-                   moe_state=None, routes=None, return_routes: bool = False):
-  """Log-probs and entropy of `batch.targets` under `params`, on the scoring window only (no
-  logits at the prompt positions before it). `routes`: MoE routes to replay
-  (`models.moe.Routes`), None routes live; `return_routes` (static) also returns the forward's.
+                   moe_state=None, sampling: SamplingConfig = SAMPLING, routes=None,
+                   return_routes: bool = False):
+  """Log-probs and entropy of `batch.targets` under `params` at `sampling.temperature`, on the
+  scoring window only (no logits at the prompt positions before it). `routes`: MoE routes to
+  replay (`models.moe.Routes`), None routes live; `return_routes` (static) also returns the
+  forward's.
 
   Returns:
     (logprobs `[rows, W]` float32, entropy `[rows, W]` float32, MoE aux dict), and the forward's
@@ -137,7 +143,7 @@ def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig,
   hidden = out.hidden if w == t else score_window(out.hidden, batch.score_start, w)
   lp, ent = kernels.fused_logprobs(
       hidden.reshape(rows * w, d), unembedding(params, model_config),
-      batch.targets.reshape(rows * w), temperature=train_config.temperature,
+      batch.targets.reshape(rows * w), temperature=sampling.temperature,
       chunk_size=train_config.logprob_chunk, impl=train_config.logprob_impl)
   if return_routes:
     return lp.reshape(rows, w), ent.reshape(rows, w), out.aux, out.routes
@@ -145,20 +151,22 @@ def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig,
 
 
 def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelConfig,
-                train_config: TrainConfig):
+                train_config: TrainConfig, sampling: SamplingConfig):
   tc = train_config
   fn = token_logprobs
   if tc.remat:
-    fn = jax.checkpoint(token_logprobs, static_argnums=(1, 2, 6))
+    fn = jax.checkpoint(token_logprobs, static_argnums=(1, 2, 5, 7))
   routes = batch_routes(model_config, tc, mb)
   r2 = model_config.moe is not None and tc.routing_replay == "R2"
-  lp, ent, moe_aux, *own = fn(params, model_config, tc, mb, state.moe_state, routes, r2)
+  lp, ent, moe_aux, *own = fn(params, model_config, tc, mb, state.moe_state, sampling, routes,
+                              r2)
   if r2:  # the policy forward's own routes, for the reference forward
     routes = jax.tree.map(jax.lax.stop_gradient, own[0])
   mask = mb.loss_mask
   ref = None
   if state.ref_params is not None:
-    ref, _, _ = token_logprobs(state.ref_params, model_config, tc, mb, state.moe_state, routes)
+    ref, _, _ = token_logprobs(state.ref_params, model_config, tc, mb, state.moe_state, sampling,
+                               routes)
     ref = jax.lax.stop_gradient(ref)
   prox = jax.lax.stop_gradient(lp)
   out = policy_loss(lp, prox, mb.advantages, mask, config=tc.loss, ref_logprobs=ref,
@@ -175,7 +183,7 @@ def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelCo
   # Trainer vs rollout-engine log-prob mismatch (numerics, plus staleness off-policy).
   aux = dict(out.aux, **mismatch_stats(prox, mb.behav_logprobs, mask))
   if live_mismatch(model_config, tc):
-    live, _, _ = token_logprobs(params, model_config, tc, mb, state.moe_state)
+    live, _, _ = token_logprobs(params, model_config, tc, mb, state.moe_state, sampling)
     stats = mismatch_stats(jax.lax.stop_gradient(live), mb.behav_logprobs, mask)
     aux.update({k.replace("mismatch_", "mismatch_live_"): v for k, v in stats.items()})
   return numerator, (aux, den, log_w, jax.lax.stop_gradient(moe_aux))
@@ -189,13 +197,13 @@ def live_mismatch(model_config: ModelConfig, train_config: TrainConfig) -> bool:
 
 
 def init_accum(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
-               train_config: TrainConfig) -> Accum:
+               train_config: TrainConfig, sampling: SamplingConfig = SAMPLING) -> Accum:
   """Zero sums; `mb` (one micro-batch, or its ShapeDtypeStructs) only gives the MoE aux shapes."""
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
   moe_aux = None
   if model_config.moe is not None:
     shapes = jax.eval_shape(
-        lambda p, b: token_logprobs(p, model_config, train_config, b, state.moe_state,
+        lambda p, b: token_logprobs(p, model_config, train_config, b, state.moe_state, sampling,
                                     batch_routes(model_config, train_config, b))[2],
         state.params, mb)
     moe_aux = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
@@ -211,11 +219,11 @@ def init_accum(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
 
 
 def accumulate(state: TrainState, acc: Accum, mb: TrainBatch, *, model_config: ModelConfig,
-               train_config: TrainConfig) -> Accum:
+               train_config: TrainConfig, sampling: SamplingConfig = SAMPLING) -> Accum:
   """Adds one micro-batch `[rows, T]` to the running sums (pure)."""
   grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
   (numerator, (aux, den, log_w, moe_aux)), grads = grad_fn(state.params, state, mb, model_config,
-                                                            train_config)
+                                                            train_config, sampling)
   grads = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc.grads, grads)
   valid = mb.loss_mask != 0
   ntok = aux["num_tokens"].astype(jnp.float32)
@@ -297,22 +305,27 @@ def _safe_div(a, b):
 
 
 def fused_step(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
-           train_config: TrainConfig, optimizer, schedule=None) -> tuple[TrainState, dict]:
+               train_config: TrainConfig, optimizer, schedule=None,
+               sampling: SamplingConfig = SAMPLING) -> tuple[TrainState, dict]:
   """A step whose batch is one micro-batch `[rows, T]`: `apply(accumulate(init_accum))` as one
   program (pure). The zero sums fold away and the gradient goes straight into the optimizer,
   with no accumulator written and read back between programs."""
   kw = dict(model_config=model_config, train_config=train_config)
-  acc = accumulate(state, init_accum(state, mb, **kw), mb, **kw)
+  acc = accumulate(state, init_accum(state, mb, sampling=sampling, **kw), mb, sampling=sampling,
+                   **kw)
   return apply(state, acc, optimizer=optimizer, schedule=schedule, **kw)
 
 
 def train_step(state: TrainState, batch: TrainBatch, *, model_config: ModelConfig,
-               train_config: TrainConfig, optimizer, schedule=None) -> tuple[TrainState, dict]:
-  """One optimizer update from `batch` `[micro, rows, T]` (pure; scan over micro-batches)."""
+               train_config: TrainConfig, optimizer, schedule=None,
+               sampling: SamplingConfig = SAMPLING) -> tuple[TrainState, dict]:
+  """One optimizer update from `batch` `[micro, rows, T]` (pure; scan over micro-batches);
+  log-probs at `sampling.temperature`, the temperature the rollout sampled the batch at."""
   kw = dict(model_config=model_config, train_config=train_config)
   first = jax.tree.map(lambda x: x[0], batch)
-  acc = init_accum(state, first, **kw)
-  acc, _ = jax.lax.scan(lambda a, mb: (accumulate(state, a, mb, **kw), None), acc, batch)
+  acc = init_accum(state, first, sampling=sampling, **kw)
+  acc, _ = jax.lax.scan(lambda a, mb: (accumulate(state, a, mb, sampling=sampling, **kw), None),
+                        acc, batch)
   return apply(state, acc, optimizer=optimizer, schedule=schedule, **kw)
 
 
@@ -364,11 +377,11 @@ class TrainFns:
 
 def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimizer, abstract,
                    mesh: jax.sharding.Mesh, *, rules: Rules = DEFAULT_RULES, schedule=None,
-                   donate: bool = True) -> TrainFns:
+                   donate: bool = True, sampling: SamplingConfig = SAMPLING) -> TrainFns:
   """Jits the step pieces with the state's shardings on `mesh` as output shardings.
 
   Args:
-    model_config, train_config, optimizer: as for `train_step`.
+    model_config, train_config, optimizer, sampling: as for `train_step`.
     abstract: `state.abstract_state(...)` (gives the state's structure).
     mesh: the training mesh; inputs are expected already placed (see `TrainFns.put_batch`).
     rules: logical-axis rules.
@@ -383,13 +396,13 @@ def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimiz
   opt = dict(optimizer=optimizer, schedule=schedule)
 
   def _step(state, batch):
-    return train_step(state, batch, **kw, **opt)
+    return train_step(state, batch, sampling=sampling, **kw, **opt)
 
   def _init(state, mb):
-    return init_accum(state, mb, **kw)
+    return init_accum(state, mb, sampling=sampling, **kw)
 
   def _acc(state, acc, mb):
-    return accumulate(state, acc, mb, **kw)
+    return accumulate(state, acc, mb, sampling=sampling, **kw)
 
   d = (lambda *a: a) if donate else (lambda *a: ())
 
@@ -415,5 +428,6 @@ def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimiz
       step=jax.jit(_step, out_shardings=(sh, rep), donate_argnums=d(0)),
       init_accum=jax.jit(_init, out_shardings=acc_sh),
       accumulate=jax.jit(_acc, out_shardings=acc_sh, donate_argnums=d(1)),
-      apply=_params_last(apply), fused_step=_params_last(fused_step),
+      apply=_params_last(apply),
+      fused_step=_params_last(functools.partial(fused_step, sampling=sampling)),
       shardings=sh, mesh=mesh, rules=rules)

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from jaxrl_sys import models
 from jaxrl_sys.losses.mismatch import mismatch_stats
 from jaxrl_sys.models.moe import block as moe
-from jaxrl_sys.rollout import (EngineConfig, InProcessRollout, ManagerConfig, Request,
-                               RolloutManager, ThreadWorker, request_key)
+from jaxrl_sys.rollout import (EngineConfig, ManagerConfig, Request, RolloutManager,
+                               ThreadWorker, request_key)
 from jaxrl_sys.rollout.types import TokenChunk
 from jaxrl_sys.rollout.engine.engine import Engine
 from jaxrl_sys.rollout.wire import request_from_json, request_to_json
@@ -59,9 +59,9 @@ def _drain(client):
 
 
 def _engine_run(params, state, reqs):
-  client = InProcessRollout.create(CFG, params, ENGINE, moe_state=state)
-  client.submit(reqs)
-  return _drain(client)
+  engine = Engine(CFG, params, ENGINE, moe_state=state)
+  engine.submit(reqs)
+  return {c.request_id: c.request for c in engine.run()}
 
 
 @jax.jit
@@ -76,7 +76,8 @@ def _train_logprobs(params, state, reqs, replay):
              for r in reqs]
   b = batch_lib.pack(samples, 8, ROW, window=10, route_shape=(2, 2, np.uint8))
   tc = TrainConfig(routing_replay="R3" if replay else "off")
-  lp = jax.jit(lambda p, b: token_logprobs(p, CFG, tc, b, state, batch_routes(CFG, tc, b))[0])(
+  lp = jax.jit(lambda p, b: token_logprobs(p, CFG, tc, b, state,
+                                           routes=batch_routes(CFG, tc, b))[0])(
       params, b)
   return mismatch_stats(lp, b.behav_logprobs, b.loss_mask)
 
