@@ -85,7 +85,9 @@ class SlotRoutes:
     self._pending, self.prefills = [], []
 
   def moved(self, src: int, dst: int) -> None:
+    """A live request moved from slot `src` to `dst` (both hold its prefix rows now)."""
     self.prefix[dst], self.emitted[dst] = self.prefix[src], self.emitted[src]
+    self._pending += [(dst, x) for s, x in self._pending if s == src]   # not resolved yet
 
   def new_routes(self, slot: int, r: Request) -> np.ndarray:
     """The route positions of `r` its receiver does not hold yet (for its next chunk)."""
