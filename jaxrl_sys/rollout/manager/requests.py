@@ -150,7 +150,7 @@ class RequestTable:
       stats.tokens_kept += n
       stats.tokens_discarded += r.num_generated - n
       if n < r.num_generated:
-        r.tokens, r.logprobs, r.versions = r.tokens[:n], r.logprobs[:n], r.versions[:n]
+        r.truncate(n)
         prov = provenance.get(rid, [])
         provenance[rid] = [(w, a, min(b, n)) for w, a, b in prov if a < n]
 
@@ -175,7 +175,7 @@ class RequestTable:
       return
     n = len(c.tokens)
     if n:
-      st.request.extend(c.tokens, c.logprobs, c.version)
+      st.request.extend(c.tokens, c.logprobs, c.version, c.routes)
       prov = self._ledger.provenance[c.request_id]
       if prov and prov[-1][0] == wid and prov[-1][2] == c.start:
         prov[-1] = (wid, prov[-1][1], c.start + n)

@@ -195,13 +195,11 @@ class WorkerServer:
   def _release_slowly(self, chunks: list[TokenChunk]) -> None:
     """Buffers `chunks` one decode position at a time: sleeps `token_delay` per token of the
     position, then releases those tokens (one-token chunks; a request's finish on its last)."""
-    for j in range(max(len(c.tokens) for c in chunks)):
-      part = [c for c in chunks if len(c.tokens) > j]
+    pieces = [c.split() for c in chunks]
+    for j in range(max(len(p) for p in pieces)):
+      part = [p[j] for p in pieces if len(p) > j]
       time.sleep(self.token_delay * len(part))
-      for c in part:
-        last = j == len(c.tokens) - 1
-        self._chunks.append(TokenChunk(c.request_id, c.start + j, c.tokens[j:j + 1],
-                                       c.logprobs[j:j + 1], c.version, c.finish if last else None))
+      self._chunks.extend(part)
       if self.on_progress is not None:
         self.on_progress()
 
