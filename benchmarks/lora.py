@@ -9,7 +9,7 @@ Usage: python -m benchmarks.lora [--configs tiny,0.5b] [--rank 8] [--repeats 3]
    float32 in the trainer), on the tiny preset and on a Qwen2.5-0.5B-shaped model (random
    bytes of the real shapes: nothing is computed with them). `publish_s`: `store.publish` +
    `store.wait` (host copy, checksums, the write or `ray.put`); `pull_s`: a reader's
-   `ref.fetch()` (read + crc32 check); a LoRA worker pulls the base once, then this per version.
+   `ref.load()` (read + crc32 check); a LoRA worker pulls the base once, then this per version.
    Stores: tensorstore (files under a temporary directory) and Ray (the local object store,
    started here). Best of `--repeats`.
 2. Train-step memory: `jit(...).lower(...).compile().memory_analysis()` of the fused GRPO step
@@ -89,13 +89,13 @@ def publish_pull(kind: str, name: str, rank: int, repeats: int) -> list[dict]:
         tree = base if what == "full" else random_tree(ad_shapes, v + 1)
         t0 = time.perf_counter()
         if what == "full":
-          store.publish(v, tree)
+          store.publish(tree, v)
         else:
-          store.publish(v, tree, base=named)
+          store.publish(tree, v, base=named)
         store.wait()
         t1 = time.perf_counter()
-        ref = store.ref(v)
-        ref.fetch()
+        ref = store.published(v)
+        ref.load()
         t2 = time.perf_counter()
         if what == "adapters" and v == 0:
           continue  # the first LoRA publish writes the base too (a one-time cost)
@@ -168,7 +168,7 @@ def engine_mismatch(rank: int, std: float = 1e-3, requests: int = 16) -> list[di
                     prefill_batch_buckets=(requests,), decode_row_buckets=(requests,),
                     decode_len_buckets=(32,), sampling=models.SamplingConfig(temperature=1.0))
   trainer = jax.jit(lambda b: token_logprobs(base, mc, TrainConfig(), b, None, ec.sampling,
-                                             ad)[0])
+                                             lora=ad)[0])
   out = []
   for merge in (False, True):
     cfg = dataclasses.replace(mc, param_dtype="bfloat16", compute_dtype="bfloat16",

@@ -13,7 +13,7 @@ def _nbytes(tree) -> int:
 
 
 class MemoryWeightRef:
-  """A version held in this process's memory: `fetch` returns the arrays themselves; `base`:
+  """A version held in this process's memory: `load` returns the arrays themselves; `base`:
   the LoRA base's `BaseRef` (None for full weights)."""
 
   def __init__(self, version: int, params: Any, moe_state: Any, base: BaseRef | None = None):
@@ -21,7 +21,7 @@ class MemoryWeightRef:
     self.nbytes = _nbytes(self._tree)
     self.base = base
 
-  def fetch(self) -> tuple[Any, Any]:
+  def load(self) -> tuple[Any, Any]:
     return self._tree
 
   def __reduce__(self):
@@ -37,7 +37,7 @@ class MemoryWeightStore(VersionTable):
     super().__init__()
     self._base: BaseRef | None = None  # the newest LoRA base (zero copy, like the versions)
 
-  def publish(self, version: int, params: Any, moe_state: Any = None,
+  def publish(self, params: Any, version: int, moe_state: Any = None,
               base: BaseWeights | None = None) -> None:
     ref = None
     if base is not None:

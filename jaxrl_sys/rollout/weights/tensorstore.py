@@ -86,7 +86,7 @@ class TensorstoreWeightRef:
   base: BaseRef | None = None
   prefix: str | None = None
 
-  def fetch(self) -> tuple[Any, Any]:
+  def load(self) -> tuple[Any, Any]:
     """Reads and verifies `(params, moe_state)` as host numpy arrays (bfloat16 via ml_dtypes).
 
     Raises:
@@ -217,9 +217,9 @@ def open_latest(path_or_url: str | os.PathLike) -> TensorstoreWeightRef | None:
 class TensorstoreWeightStore(BackgroundStore):
   """Versions written under a directory or tensorstore kvstore URL (see the module docstring).
 
-  `publish` takes a host copy synchronously and writes in the background; `ref(v)` is None until
-  v's `LATEST` pointer is written. Opening an existing root resumes it: committed versions are
-  listed, and half-written ones (a crashed publish) are deleted by the next `gc`.
+  `publish` takes a host copy synchronously and writes in the background; `published(v)` is
+  None until v's `LATEST` pointer is written. Opening an existing root resumes it: committed
+  versions are listed, and half-written ones (a crashed publish) are deleted by the next `gc`.
 
   Args:
     path_or_url: a local directory, or a kvstore URL (`file:///d/`, `gs://bucket/run/`, ...).
@@ -256,7 +256,7 @@ class TensorstoreWeightStore(BackgroundStore):
                                      "manifest_crc32": zlib.crc32(raw)}
     self._base_pending = set(self._bases)
 
-  def publish(self, version: int, params: Any, moe_state: Any = None,
+  def publish(self, params: Any, version: int, moe_state: Any = None,
               base: BaseWeights | None = None) -> None:
     leaves, tree, paths = _host_tree(params, moe_state)
     write_base = None
@@ -327,7 +327,7 @@ class TensorstoreWeightStore(BackgroundStore):
     self._put(f"{prefix}manifest.json", manifest).result()
     return nbytes, zlib.crc32(manifest)
 
-  def ref(self, version: int | None = None) -> TensorstoreWeightRef | None:
+  def published(self, version: int | None = None) -> TensorstoreWeightRef | None:
     with self._lock:
       if version is None:
         version = max(self._refs) if self._refs else None

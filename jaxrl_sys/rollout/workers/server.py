@@ -40,7 +40,9 @@ def _local_base(path: str) -> Any:
 class WorkerServer:
   """The worker side of the protocol: an `Engine` driven by `Commands`.
 
-  Built without weights: the engine is created by the first `load`. `step()` runs one engine
+  Built without weights: the engine is created by the first load. A weight hand-off is
+  `load(ref)` (read and check the version), then `loaded(...)` (serve it) or `load_failed(...)`
+  (keep the previous one); `apply` runs all three in this thread. `step()` runs one engine
   step and buffers its chunks; `report()` drains everything buffered into a `WorkerReport`.
   Not thread-safe: the Ray actor serialises calls with a lock.
 
@@ -66,13 +68,13 @@ class WorkerServer:
                warmup: bool | str = False, token_delay: float = 0.0,
                base_path: str | None = None):
     self.worker_id, self.model_config, self.engine_config = worker_id, model_config, engine_config
-    # LoRA: the base this worker holds (digest, arrays in the rollout dtype), pulled once (or
+    # LoRA: the base this worker holds (digest, arrays in the rollout dtype), loaded once (or
     # read from `base_path`, a local Hugging Face directory) and kept across versions.
     self.base_path = base_path
     self._base: tuple[str, Any] | None = None
     self._engine_base: str | None = None
     self._bytes_lock, self._base_lock = threading.Lock(), threading.Lock()
-    self._pulled_bytes: list[tuple[int, int]] = []
+    self._load_bytes: list[tuple[int, int]] = []
     self.token_delay = float(token_delay)
     self.on_progress: Callable[[], None] | None = None
     self.engine: Engine | None = None
@@ -83,8 +85,8 @@ class WorkerServer:
     self._seq = 0
     self._chunks: list[TokenChunk] = []
     self._profile: list[tuple[int, int, float]] = []
-    self._pulls: list[tuple[int, float]] = []
-    self._failed_pulls: list[tuple[int, str]] = []
+    self._loads: list[tuple[int, float]] = []
+    self._failed_loads: list[tuple[int, str]] = []
     self._rejected: list[tuple[int, str]] = []
     self._notes: list[str] = []
     self.loading = -1
@@ -95,21 +97,21 @@ class WorkerServer:
     return -1 if self.engine is None else self.engine.version
 
   # ----- commands ------------------------------------------------------------------------------
-  def apply(self, commands: Commands, *, fetch: bool = True) -> None:
-    """Applies `commands` (abort, then load, then submit). With `fetch=False` the caller pulls
-    the weights itself (a background thread) and calls `swap` when they arrive."""
+  def apply(self, commands: Commands, *, load: bool = True) -> None:
+    """Applies `commands` (abort, then load, then submit). With `load=False` the caller loads
+    the weights itself (a background thread: `load`) and calls `loaded` when they arrive."""
     if commands.abort:
       self.abort(commands.abort)
     if commands.load is not None:
       self.loading = int(commands.load.version)
-      if fetch:
+      if load:
         t0 = time.monotonic()
         try:
-          params, moe_state = self.pull(commands.load)
+          params, moe_state = self.load(commands.load)
         except Exception as e:  # pylint: disable=broad-except
-          self.pull_failed(commands.load.version, e)
+          self.load_failed(commands.load.version, e)
         else:
-          self.swap(commands.load.version, params, moe_state, time.monotonic() - t0)
+          self.loaded(commands.load.version, params, moe_state, time.monotonic() - t0)
     if commands.submit:
       self.submit(commands.submit)
     if commands.shutdown:
@@ -135,12 +137,13 @@ class WorkerServer:
     """The digest of the LoRA base this worker holds (None: none yet, or no LoRA)."""
     return None if self._base is None else self._base[0]
 
-  def pull(self, ref: Any) -> tuple[Any, Any]:
-    """Fetches a weight version (`ref.fetch()`, which verifies its checksums) and checks it fits
+  def load(self, ref: Any) -> tuple[Any, Any]:
+    """Loads a weight version (`ref.load()`, which verifies its checksums) and checks it fits
     the model; raises `CorruptWeightsError` / `WeightMismatchError` (the caller reports a
-    failed pull and keeps serving its previous version). A LoRA version's adapters come with
+    failed load and keeps serving its previous version). A LoRA version's adapters come with
     the name of their base (`ref.base`): a worker without that base reads it from `base_path`
-    when that holds it, or pulls it from the store, once; then only adapters."""
+    when that holds it, or loads it from the store, once; then only adapters. The bytes loaded
+    go into the next report (`WorkerReport.load_bytes`)."""
     version = int(ref.version)
     base_ref = getattr(ref, "base", None)
     lora = self.model_config.lora
@@ -153,10 +156,10 @@ class WorkerServer:
           ": start the workers with the trainer's model config (--lora.* settings)")
     nbytes = int(ref.nbytes)
     if base_ref is not None and base_ref.digest != self.base_digest:
-      with self._base_lock:  # concurrent pulls (Ray's pull threads) fetch the base once
+      with self._base_lock:  # concurrent loads (Ray's load threads) read the base once
         if base_ref.digest != self.base_digest:
-          nbytes += self._pull_base(base_ref, version)
-    params, moe_state = ref.fetch()
+          nbytes += self._load_base(base_ref, version)
+    params, moe_state = ref.load()
     if lora is None:
       check_weights(self.model_config, params, version)
     else:
@@ -165,12 +168,12 @@ class WorkerServer:
       except ValueError as e:
         raise WeightMismatchError(f"weight version {version}: {e}") from None
     with self._bytes_lock:
-      self._pulled_bytes.append((version, nbytes))
+      self._load_bytes.append((version, nbytes))
     return params, moe_state
 
-  def _pull_base(self, base_ref: Any, version: int) -> int:
+  def _load_base(self, base_ref: Any, version: int) -> int:
     """Gets the base `base_ref` names: from `base_path` when its digest matches (0 bytes
-    pulled), else from the store; returns the bytes pulled."""
+    loaded from the store), else from the store; returns the bytes loaded from the store."""
     base_config = lora_lib.without_lora(self.model_config)
     if self.base_path is not None:
       try:
@@ -184,15 +187,16 @@ class WorkerServer:
         dtype = self.model_config.pdtype
         self._base = (digest, jax.tree.map(lambda x: x.astype(dtype), local))
         return 0
-      self._notes.append(f"the local base {self.base_path} {why}: pulled the base from the "
+      self._notes.append(f"the local base {self.base_path} {why}: loaded the base from the "
                          "store")
-    base = base_ref.fetch()
+    base = base_ref.load()
     check_weights(base_config, base, version)
     self._base = (base_ref.digest, base)
     return int(base_ref.nbytes)
 
-  def swap(self, version: int, params: Any, moe_state: Any, seconds: float) -> None:
-    """Serves `version` from now on (creates the engine on the first call)."""
+  def loaded(self, version: int, params: Any, moe_state: Any, seconds: float) -> None:
+    """The load of `version` finished (in `seconds`): serves it from now on (creates the
+    engine on the first call; with LoRA the engine gets the base when it is new to it)."""
     base = None
     if self.model_config.lora is not None:
       digest, arrays = self._base
@@ -205,8 +209,8 @@ class WorkerServer:
         engine.warmup()  # before the engine is visible: the worker reports a version only then
       self.engine = engine
     elif version > self.engine.version:
-      self.engine.set_weights(params, version, moe_state, base)
-    self._pulls.append((int(version), float(seconds)))
+      self.engine.load(params, version, moe_state, base)
+    self._loads.append((int(version), float(seconds)))
     if self.loading == version:
       self.loading = -1
 
@@ -219,9 +223,9 @@ class WorkerServer:
     self._warm_done = not e.warmup(limit=1)
     return True
 
-  def pull_failed(self, version: int, error: BaseException) -> None:
-    """Records a failed pull (the previous version keeps serving)."""
-    self._failed_pulls.append((int(version), f"{type(error).__name__}: {error}"))
+  def load_failed(self, version: int, error: BaseException) -> None:
+    """Records a failed load (the previous version keeps serving)."""
+    self._failed_loads.append((int(version), f"{type(error).__name__}: {error}"))
     if self.loading == version:
       self.loading = -1
 
@@ -269,18 +273,16 @@ class WorkerServer:
   def _release_slowly(self, chunks: list[TokenChunk]) -> None:
     """Buffers `chunks` one decode position at a time: sleeps `token_delay` per token of the
     position, then releases those tokens (one-token chunks; a request's finish on its last)."""
-    for j in range(max(len(c.tokens) for c in chunks)):
-      part = [c for c in chunks if len(c.tokens) > j]
+    pieces = [c.split() for c in chunks]
+    for j in range(max(len(p) for p in pieces)):
+      part = [p[j] for p in pieces if len(p) > j]
       time.sleep(self.token_delay * len(part))
-      for c in part:
-        last = j == len(c.tokens) - 1
-        self._chunks.append(TokenChunk(c.request_id, c.start + j, c.tokens[j:j + 1],
-                                       c.logprobs[j:j + 1], c.version, c.finish if last else None))
+      self._chunks.extend(part)
       if self.on_progress is not None:
         self.on_progress()
 
   def has_news(self) -> bool:
-    return bool(self._chunks or self._pulls or self._failed_pulls or self._rejected
+    return bool(self._chunks or self._loads or self._failed_loads or self._rejected
                 or self._notes)
 
   def report(self) -> WorkerReport:
@@ -289,13 +291,13 @@ class WorkerServer:
     waiting = [] if e is None else e.waiting_ids()
     rep = WorkerReport(self.worker_id, self._seq, self._chunks, self.version, self.loading,
                        running, waiting, self.engine_config.num_slots, _profile(self._profile),
-                       self._pulls, self._failed_pulls, self._rejected, os.getpid())
+                       self._loads, self._failed_loads, self._rejected, os.getpid())
     with self._bytes_lock:
-      rep.pulled_bytes, self._pulled_bytes = self._pulled_bytes, []
+      rep.load_bytes, self._load_bytes = self._load_bytes, []
     rep.notes, self._notes = self._notes, []
     self._seq += 1
-    self._chunks, self._profile, self._pulls, self._rejected = [], [], [], []
-    self._failed_pulls = []
+    self._chunks, self._profile, self._loads, self._rejected = [], [], [], []
+    self._failed_loads = []
     return rep
 
 

@@ -38,7 +38,7 @@ def _generate(engine, reqs):
 
 @jax.jit
 def _trainer_logprobs(base, ad, batch):
-  return token_logprobs(base, LORA_CFG, TrainConfig(), batch, None, PLAIN, ad)[0]
+  return token_logprobs(base, LORA_CFG, TrainConfig(), batch, None, PLAIN, lora=ad)[0]
 
 
 def _check_against_trainer(base, ad, done):
@@ -61,7 +61,7 @@ def test_unmerged_engine_logprobs_equal_the_trainers():
   # A new version swaps the adapters only (B = 0: the base's policy); the same request keys
   # now sample other tokens, whose log-probs are again the trainer's.
   zero = jax.tree_util.tree_map_with_path(lambda p, x: x * 0 if p[-1].key == "b" else x, ad)
-  engine.set_weights(zero, 1)
+  engine.load(zero, 1)
   again = _generate(engine, make_requests(ROWS, seed=3))
   assert engine.base is base and engine.version == 1
   assert any(not np.array_equal(a.tokens, b.tokens) for a, b in zip(done, again))

@@ -39,7 +39,7 @@ def _adapters(version):
 
 def _pulls(manager, worker_id):
   return [tuple(int(x) for x in re.fullmatch(r"v(\d+) (\d+)", e[3]).groups())
-          for e in manager.events if e[1] == "pull_bytes" and e[2] == worker_id]
+          for e in manager.fleet.events if e[1] == "load_bytes" and e[2] == worker_id]
 
 
 def test_worker_joining_mid_run_pulls_the_base_once_then_adapters(ray_session, capsys):  # pylint: disable=unused-argument
@@ -73,12 +73,14 @@ def test_worker_joining_mid_run_pulls_the_base_once_then_adapters(ray_session, c
   step()
   m.add_worker(worker("r1"))  # joins mid-run, at version 2
   deadline = time.monotonic() + 180
-  while m.workers["r1"].version < 0 and time.monotonic() < deadline:
+  while ("r1" not in m.fleet or m.fleet["r1"].version < 0) and time.monotonic() < deadline:
     m.poll(timeout=0.2)  # the manager's ticks: r1 starts, pulls the newest version
   for _ in range(2):
     out = step()
   m.close()
   ad_bytes, base_bytes = lora_lib.nbytes(_adapters(1)), lora_lib.nbytes(base)
+  # The manager's metrics count every load's bytes (the trainer's weight_pull_bytes).
+  assert m.metrics()["load_bytes"] == sum(b for w in ("r0", "r1") for _, b in _pulls(m, w))
   for wid in ("r0", "r1"):
     pulls = _pulls(m, wid)
     assert len(pulls) >= 2, (wid, pulls)
