@@ -157,7 +157,7 @@ def engine_mismatch(rank: int, std: float = 1e-3, requests: int = 16) -> list[di
   from jaxrl_sys.rollout.engine.engine import Engine  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train.step import batch as batch_lib  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.train.step.config import TrainConfig  # pylint: disable=import-outside-toplevel
-  from jaxrl_sys.train.step.update import token_logprobs  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.step.logprobs import token_logprobs  # pylint: disable=import-outside-toplevel
   mc = dataclasses.replace(model_config("tiny"), lora=LoraConfig(rank=rank))
   base = models.init_params(lora_lib.without_lora(mc), jax.random.key(0))
   ad = jax.tree_util.tree_map_with_path(

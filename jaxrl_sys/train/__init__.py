@@ -96,7 +96,7 @@ _NAMES = {
     "stack": "jaxrl_sys.train.step.batch",
     "state_shardings": "jaxrl_sys.train.step.state",
     "supervised_warmup": "jaxrl_sys.train.loop.supervised",
-    "token_logprobs": "jaxrl_sys.train.step.update",
+    "token_logprobs": "jaxrl_sys.train.step.logprobs",
     "train_config_for_algo": "jaxrl_sys.train.step.config",
     "train_programs": "jaxrl_sys.train.step.programs",
     "train_step": "jaxrl_sys.train.step.update",

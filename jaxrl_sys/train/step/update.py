@@ -14,14 +14,11 @@ Precision (`train.precision`): the forward casts the masters to the compute dtyp
 are used; the gradient reaches the masters through that cast, is summed in float32 and goes to
 the optimizer in float32, never rounded to the parameters' dtype.
 
-Per token: log-probs and entropy come from `kernels.fused_logprobs(hidden, unembed, targets,
-temperature)` at the temperature the responses were sampled at, read from the rollout's
-`models.SamplingConfig` (`sampling=`: the one home of the setting; the full distribution at
-that temperature), over the batch's scoring window (`batch.pack`): the response positions, not
-the prompt's. The proximal policy of the decoupled loss is the
-parameters before this update (one optimizer update per step), i.e. `stop_gradient` of the
-same forward pass; the behaviour policy is the rollout engine's log-probs. The reference
-policy (KL) is a frozen copy in the state, skipped when the KL coefficient is 0.
+Per token: log-probs and entropy of the scoring window (`logprobs.token_logprobs`) at the
+rollout's sampling temperature (`sampling=`). The proximal policy of the decoupled loss is the
+parameters before this update (`stop_gradient` of the same forward); the behaviour policy is
+the rollout engine's log-probs; the reference policy (KL) is a frozen copy in the state (with
+LoRA the base itself), skipped when the KL coefficient is 0.
 
 MoE routing replay (`TrainConfig.routing_replay`): "R3" runs the policy forward (and the
 reference forward) with the rollout's routes from the batch (`batch.routes`, forced where
@@ -42,16 +39,16 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxrl_sys import kernels
 from jaxrl_sys.losses.aggregation import loss_denominator
 from jaxrl_sys.losses.ess import ess_lr_scale, sequence_log_weights
 from jaxrl_sys.losses.mismatch import mismatch_stats
 from jaxrl_sys.losses.policy import policy_loss
-from jaxrl_sys.models import ModelConfig, SamplingConfig, forward, unembedding
+from jaxrl_sys.models import ModelConfig, SamplingConfig
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules, logical_to_spec
 from jaxrl_sys.sharding.axes import BATCH
 from jaxrl_sys.train.step.batch import TrainBatch
 from jaxrl_sys.train.step.config import TrainConfig
+from jaxrl_sys.train.step.logprobs import SAMPLING, batch_routes, lora_rng, token_logprobs
 from jaxrl_sys.train.step.state import TrainState, state_shardings
 
 # Token-weighted means accumulated across micro-batches (keys of policy_loss's aux).
@@ -62,8 +59,6 @@ _TOKEN_MEANS = ("kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high",
 _MOE_LATEST = ("q",)
 # The mismatch of a forward with live routes, under routing replay (`routing_live_mismatch`).
 _LIVE_MEANS = ("mismatch_live_mean", "mismatch_live_out_frac")
-# The sampling config of a step given none: temperature 1.
-SAMPLING = SamplingConfig()
 
 
 class Accum(NamedTuple):
@@ -89,77 +84,6 @@ def _moe():
   return moe
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def score_window(hidden, start, width: int):
-  """`hidden [rows, T, d]` at positions `start[:, None] + arange(width)` -> `[rows, width, d]`.
-
-  The caller guarantees `start + width <= T` (`batch.pack` checks it). The backward is a gather
-  too (position t of row r takes window entry `t - start[r]`, or 0 outside the window), not
-  the scatter-add autodiff would emit.
-  """
-  pos = start[:, None] + jnp.arange(width, dtype=start.dtype)[None, :]
-  return jnp.take_along_axis(hidden, pos[..., None], axis=1)
-
-
-def _score_window_fwd(hidden, start, width):
-  return score_window(hidden, start, width), (start, hidden.shape[1])
-
-
-def _score_window_bwd(width, res, g):
-  start, t = res
-  j = jnp.arange(t, dtype=start.dtype)[None, :] - start[:, None]             # [rows, T]
-  inside = (j >= 0) & (j < width)
-  dh = jnp.take_along_axis(g, jnp.clip(j, 0, width - 1)[..., None], axis=1)
-  return jnp.where(inside[..., None], dh, 0).astype(g.dtype), None
-
-
-score_window.defvjp(_score_window_fwd, _score_window_bwd)
-
-
-def batch_routes(model_config: ModelConfig, train_config: TrainConfig, batch: TrainBatch):
-  """The rollout routes the policy forward replays (R3 with routes in the batch), else None."""
-  if (model_config.moe is None or train_config.routing_replay != "R3"
-      or batch.routes is None):
-    return None
-  from jaxrl_sys.models.moe import Routes  # pylint: disable=import-outside-toplevel
-  return Routes(batch.routes, batch.route_mask)
-
-
-def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig, batch: TrainBatch,
-                   moe_state=None, sampling: SamplingConfig = SAMPLING, routes=None,
-                   return_routes: bool = False, lora=None, lora_rng=None):
-  """Log-probs and entropy of `batch.targets` under `params` at `sampling.temperature` (with
-  LoRA `lora` adapters beside them, dropout drawn from `lora_rng`), on the scoring window only
-  (no logits at the prompt positions before it). `routes`: MoE routes to replay
-  (`models.moe.Routes`), None routes live; `return_routes` (static) also returns the forward's.
-
-  Returns:
-    (logprobs `[rows, W]` float32, entropy `[rows, W]` float32, MoE aux dict), and the forward's
-    `Routes` last when `return_routes`.
-  """
-  out = forward(params, model_config, batch.tokens, attention_mask=batch.attention_mask,
-                moe_state=moe_state, routes=routes, return_routes=return_routes,
-                unroll_layers=model_config.num_layers <= train_config.unroll_layers_max,
-                lora=lora, lora_rng=lora_rng)
-  rows, t, d = out.hidden.shape
-  w = batch.targets.shape[1]
-  hidden = out.hidden if w == t else score_window(out.hidden, batch.score_start, w)
-  lp, ent = kernels.fused_logprobs(
-      hidden.reshape(rows * w, d), unembedding(params, model_config),
-      batch.targets.reshape(rows * w), temperature=sampling.temperature,
-      chunk_size=train_config.logprob_chunk, impl=train_config.logprob_impl)
-  if return_routes:
-    return lp.reshape(rows, w), ent.reshape(rows, w), out.aux, out.routes
-  return lp.reshape(rows, w), ent.reshape(rows, w), out.aux
-
-
-def _lora_rng(state: TrainState, micro: jax.Array, model_config: ModelConfig):
-  """The adapters' dropout key of one micro-batch (None without LoRA dropout)."""
-  if model_config.lora is None or not model_config.lora.dropout:
-    return None
-  return jax.random.fold_in(jax.random.fold_in(state.rng, state.step), micro)
-
-
 def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelConfig,
                 train_config: TrainConfig, sampling: SamplingConfig, micro=0):
   """`params`: what is differentiated (the model's parameters, or with LoRA the adapters
@@ -171,7 +95,7 @@ def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelCo
   routes = batch_routes(model_config, tc, mb)
   r2 = model_config.moe is not None and tc.routing_replay == "R2"
   weights, lora = (params, None) if state.base is None else (state.base, params)
-  rng = None if lora is None else _lora_rng(state, micro, model_config)
+  rng = None if lora is None else lora_rng(state, micro, model_config)
   lp, ent, moe_aux, *own = fn(weights, model_config, tc, mb, state.moe_state, sampling, routes,
                               r2, lora, rng)
   if r2:  # the policy forward's own routes, for the reference forward

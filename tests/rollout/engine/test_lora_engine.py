@@ -14,7 +14,7 @@ from jaxrl_sys.models.config import LoraConfig
 from jaxrl_sys.rollout.engine.engine import Engine
 from jaxrl_sys.train.step import batch as batch_lib
 from jaxrl_sys.train.step.config import TrainConfig
-from jaxrl_sys.train.step.update import token_logprobs
+from jaxrl_sys.train.step.logprobs import token_logprobs
 from tests.rollout.common import CFG, engine_config, make_requests, params
 
 LORA_CFG = dataclasses.replace(CFG, lora=LoraConfig(rank=4, alpha=8.0))

@@ -17,7 +17,8 @@ from jaxrl_sys.train.step import batch as batch_lib
 from jaxrl_sys.train.step.config import train_config_for_algo
 from jaxrl_sys.train.step.optim import make_optimizer
 from jaxrl_sys.train.step.state import abstract_state, init_train_state
-from jaxrl_sys.train.step.update import make_train_fns, token_logprobs
+from jaxrl_sys.train.step.logprobs import token_logprobs
+from jaxrl_sys.train.step.update import make_train_fns
 from tests.train.step.test_step import ROWS, SEQ, _samples
 
 LORA = LoraConfig(rank=4, alpha=8.0, targets="attention,mlp")
