@@ -106,14 +106,14 @@ class Engine:
     return self.weights.params
 
   @property
-  def moe_state(self) -> Any:
-    """The MoE balancing state served (None: dense)."""
-    return self.weights.moe_state
-
-  @property
   def base(self) -> Any:
     """LoRA: the frozen base the adapters apply to (None without LoRA)."""
     return self.weights.base
+
+  @property
+  def cache(self) -> Any:
+    """The slot KV cache (`models.kv_cache.KVCache`, replaced by every device call)."""
+    return self.device.cache
 
   @property
   def num_running(self) -> int:
