@@ -1,8 +1,10 @@
-"""LoRA through the RL loop a user runs (`run_recipe`): a real SIGTERM mid-run, then `--resume`,
-ends bit for bit where an uninterrupted run does (the checkpoints hold the adapters only, the
-base is read back from the file the fresh run wrote); a resume onto another base is refused;
-the published bytes per step are the adapters'; an MoE policy with expert adapters runs the
-async loop (its gradients are checked against merged weights in `tests/train/step`)."""
+"""LoRA through the RL loop a user runs (`run_recipe`), one run covering the loop's paths: an
+MoE policy with adapters on attention and the routed experts, the async loop (rollout one
+version ahead), routing replay of the engine's routes (R3, computed by the base router: the
+router is never adapted); a real SIGTERM mid-run, then `--resume`, ends bit for bit where an
+uninterrupted run does (the checkpoints hold the adapters only, the base is read back from the
+file the fresh run wrote); a resume onto another base is refused; the published bytes per step
+are the adapters'. Gradients against merged weights: `tests/train/step/test_lora_step.py`."""
 import os
 import signal
 import threading
@@ -51,11 +53,19 @@ def _steps(ck):
   return sorted(int(d) for d in os.listdir(ck) if d.isdigit()) if os.path.isdir(ck) else []
 
 
-def test_sigterm_then_resume_is_bit_exact_and_another_base_is_refused(tmp_path):
-  steps = dict(steps=4, save_every=1)
+def test_moe_async_sigterm_then_resume_is_bit_exact_and_another_base_is_refused(tmp_path):
+  steps = dict(steps=4, save_every=1, model="tiny_moe", mode="async", max_staleness=1,
+               **{"lora.targets": "attention,experts"})
   ref = recipe_lib.run_recipe(recipe_lib.build_recipe(_config(**steps,
                                                               out_dir=str(tmp_path / "ref")))).run
-  assert all(h["publish_bytes"] == lora_lib.nbytes(ref.state.params) for h in ref.history)
+  adapters = lora_lib.nbytes((ref.state.params, ref.state.moe_state))  # + the routing biases
+  assert all(h["publish_bytes"] == adapters for h in ref.history)
+  assert ref.state.base is not None and "moe" in ref.state.params["layers"]
+  assert max(h["staleness_mean"] for h in ref.history) > 0  # the async loop ran ahead
+  # The engine's routes (its adapted attention feeding the base router) replayed in training.
+  assert all(h["route_bytes"] > 0 and 0.5 < h["moe/replay_agreement_mean"] <= 1.0
+             for h in ref.history)
+  assert all(np.isfinite(h["loss"]) and np.isfinite(h["grad_norm"]) for h in ref.history)
   out = str(tmp_path / "run")
   ck = os.path.join(out, "checkpoints")
   watcher = _sigterm_when(lambda: bool(_steps(ck)))
@@ -78,11 +88,3 @@ def test_sigterm_then_resume_is_bit_exact_and_another_base_is_refused(tmp_path):
     recipe_lib.run_recipe(recipe_lib.build_recipe(_config(**dict(steps, steps=6), out_dir=out)),
                           resume=True)
 
-
-def test_moe_policy_async_mode_trains_with_expert_adapters():
-  rc = _config(model="tiny_moe", mode="async", max_staleness=1, steps=3, algo="dapo",
-               **{"lora.targets": "attention,experts"})
-  result = recipe_lib.run_recipe(recipe_lib.build_recipe(rc)).run
-  assert all(np.isfinite(h["loss"]) and np.isfinite(h["grad_norm"]) for h in result.history)
-  assert max(h["staleness_mean"] for h in result.history) > 0
-  assert result.state.base is not None and "moe" in result.state.params["layers"]
