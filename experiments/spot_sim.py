@@ -106,8 +106,6 @@ def _finite(name: str, value: float | None, low: float = 0.0, strict: bool = Tru
 def _check_flags() -> None:
   if FLAGS.jobs < 1:
     raise UserError(f"--jobs must be >= 1, got {FLAGS.jobs}")
-  if FLAGS.lora_rank < 0:
-    raise UserError(f"--lora_rank must be >= 0 (0: off), got {FLAGS.lora_rank}")
   if FLAGS.max_steps < 0:
     raise UserError(f"--max_steps must be >= 0 (0: the whole segment), got {FLAGS.max_steps}")
   _finite("trace_time_scale", FLAGS.trace_time_scale)
@@ -154,9 +152,10 @@ def _presets(spec: str, fit):
   if not names:
     raise UserError("--preset is empty")
   presets = [fit.apply(get_preset(n)) for n in names]
-  if FLAGS.lora_rank:
-    presets += [with_lora(p, FLAGS.lora_rank, FLAGS.lora_targets) for p in presets]
-  return presets
+  if FLAGS.lora_rank < 0:
+    raise UserError(f"--lora_rank must be >= 0 (0: off), got {FLAGS.lora_rank}")
+  return presets + [with_lora(p, FLAGS.lora_rank, FLAGS.lora_targets)
+                    for p in presets if FLAGS.lora_rank]
 
 
 def _trace():
