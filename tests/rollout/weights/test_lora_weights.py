@@ -127,3 +127,31 @@ def test_base_mismatch_is_a_clear_error(tmp_path):
   wrong = dataclasses.replace(LORA_CFG, lora=LoraConfig(rank=8))
   with pytest.raises(WeightMismatchError, match="do not fit --lora.rank=8"):
     WorkerServer("w", wrong, engine_config()).load(store.published(1))
+
+
+def test_the_manager_counts_the_bytes_each_worker_loads():
+  """The manager's event core adds each report's load bytes: a worker that joins at version 1
+  loads base + adapters, then adapters only (reference: the published arrays' own bytes)."""
+  from jaxrl_sys.rollout import InProcessWorker, RolloutManager  # pylint: disable=import-outside-toplevel
+  from tests.rollout.common import make_requests  # pylint: disable=import-outside-toplevel
+
+  base = jax.tree.map(np.asarray, params(0))
+  named = BaseWeights(lora_lib.base_digest(base), base)
+  m = RolloutManager([InProcessWorker("a", LORA_CFG, engine_config())],
+                     store=MemoryWeightStore())
+  for v in range(3):
+    if v == 1:
+      m.add_worker(InProcessWorker("b", LORA_CFG, engine_config()))
+    m.publish(_adapters(v), v, base=named)
+    reqs = make_requests(4, seed=v, first_id=10 * v)
+    for r in reqs:
+      r.min_version = v
+    m.submit(reqs)
+    assert len(m.poll(min_count=4, timeout=60)) == 4
+  ad, full = lora_lib.nbytes(_adapters(0)), lora_lib.nbytes(_adapters(0)) + lora_lib.nbytes(base)
+  loads = {w: [int(e[3].split()[1]) for e in m.fleet.events if e[1] == "load_bytes" and e[2] == w]
+           for w in ("a", "b")}
+  assert loads["a"][0] == full and loads["b"][0] == full
+  assert all(n == ad for n in loads["a"][1:] + loads["b"][1:]) and len(loads["a"]) == 3
+  assert m.metrics()["load_bytes"] == m.fleet.stats.load_bytes == sum(map(sum, loads.values()))
+  m.close()
