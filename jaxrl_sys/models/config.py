@@ -120,7 +120,9 @@ class LoraConfig:
     targets: comma-separated projections to adapt: attention (= q,k,v,o), mlp (= gate,up,down:
       the dense MLP, or on an MoE model the routed experts and the shared expert), experts
       (routed experts only, one adapter pair per expert), shared (the shared expert only), or
-      single names q, k, v, o, gate, up, down.
+      single names q, k, v, o, gate, up, down. The MoE router is never adapted: the engine's
+      captured routes and their replay (R2/R3) are the base router's on the adapted hidden
+      states, computed the same way by the engine and the trainer.
     dropout: dropout rate on the adapters' input in the train step (0 = none); the rollout
       engines never drop, so a rate > 0 makes the trainer's log-probs differ from the
       rollout's.
