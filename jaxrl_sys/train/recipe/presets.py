@@ -63,6 +63,11 @@ class HFTaskTokenizer:
         ids = [self.bos_id] + ids
     return ids + ([self.eos_id] if eos else [])
 
+  @property
+  def hf(self):
+    """The wrapped `models.HFTokenizer` (its chat template, for `tasks.turns`)."""
+    return self._tok
+
   def decode(self, ids: Sequence[int]) -> str:
     ids = [int(i) for i in ids]
     if self.eos_id in ids:
