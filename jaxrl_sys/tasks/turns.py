@@ -59,7 +59,14 @@ class PlainFormat:
     return [] if len(sampled) and int(sampled[-1]) in self.stop_ids else [self.stop_ids[0]]
 
   def observation(self, texts: Sequence[str]) -> list[int]:
-    return list(self.tok.encode(self.obs_prefix + "\n".join(texts) + self.obs_suffix))
+    """The observation turn's ids; characters the tokenizer cannot encode (a character-level
+    alphabet) become "?" (or are dropped when "?" is unknown too)."""
+    text = self.obs_prefix + "\n".join(texts) + self.obs_suffix
+    known = getattr(self.tok, "alphabet", None)
+    if known is not None:
+      fill = "?" if "?" in known else ""
+      text = "".join(c if c in known else fill for c in text)
+    return list(self.tok.encode(text))
 
   def action_text(self, sampled: Sequence[int]) -> str:
     ids = [int(i) for i in sampled]
