@@ -35,6 +35,8 @@ class TurnFormat(Protocol):
 
   def prompt(self, text: str) -> list[int]: ...
 
+  def encode(self, text: str) -> list[int]: ...
+
   def close_turn(self, sampled: Sequence[int]) -> list[int]: ...
 
   def observation(self, texts: Sequence[str]) -> list[int]: ...
@@ -53,6 +55,10 @@ class PlainFormat:
 
   def prompt(self, text: str) -> list[int]:
     return list(self.tok.encode(text, bos=True))
+
+  def encode(self, text: str) -> list[int]:
+    """The ids of `text` inside a turn (no bos, no eos)."""
+    return list(self.tok.encode(text))
 
   def close_turn(self, sampled: Sequence[int]) -> list[int]:
     """Nothing after a turn that ended on eos; eos itself (template glue) otherwise."""
@@ -155,6 +161,10 @@ class ChatTemplateFormat:
   def prompt(self, text: str) -> list[int]:
     return list(self.tok.encode(self._render([{"role": "user", "content": text}], True)))
 
+  def encode(self, text: str) -> list[int]:
+    """The ids of `text` inside a turn."""
+    return list(self.tok.encode(text))
+
   def close_turn(self, sampled: Sequence[int]) -> list[int]:
     """The glue after the turn's stop token, preceded by the stop token when the policy did not
     sample one (budget exhausted)."""
@@ -250,3 +260,23 @@ def turn_format(tokenizer, **kwargs) -> TurnFormat:
   if hf is None and getattr(tokenizer, "chat_template", None) and not hasattr(tokenizer, "eos_id"):
     return ChatTemplateFormat(tokenizer, **kwargs)
   return PlainFormat(tokenizer, **kwargs)
+
+
+def demonstration_ids(fmt: TurnFormat, pieces: Sequence[tuple[str, bool]]
+                      ) -> tuple[list[int], list[int]]:
+  """An expert episode `[(text, is_policy_turn), ...]` (the first piece: the prompt) as the ids
+  an episode driver would build and a 0/1 mask of the policy's tokens (its turns' text and stop
+  token; not the prompt, the observations or the glue)."""
+  ids, mask = [], []
+  for j, (text, policy) in enumerate(pieces):
+    if j == 0:
+      part, m = fmt.prompt(text), None
+    elif policy:
+      turn = fmt.encode(text) + [fmt.stop_ids[0]]
+      glue = fmt.close_turn(turn)
+      part, m = turn + glue, [1] * len(turn) + [0] * len(glue)
+    else:
+      part, m = fmt.observation([text]), None
+    ids += part
+    mask += m if m is not None else [0] * len(part)
+  return ids, mask
