@@ -78,6 +78,10 @@ class Engine:
     self._live = np.zeros((s,), bool)
     self._req: list[Request | None] = [None] * s
     self._prefix: list[bytes | None] = [None] * s  # intact prefill prefix of the slot's rows
+    # Free slots: the sequence whose KV their rows still hold (`extend_prefixes`), and when.
+    self._held: list[bytes | None] = [None] * s
+    self._held_at = np.zeros((s,), np.int64)
+    self._releases = 0
     self._waiting: collections.deque[Request] = collections.deque()
     self._ids: set[int] = set()
     self._key_of: dict[int, bytes] = {}
@@ -209,9 +213,15 @@ class Engine:
         self._release(s)
       for r in reversed(running):
         self._enqueue(r, front=True)
+    self._held = [None] * self.config.num_slots  # KV of the old weights is not extended
 
   def _release(self, s: int) -> None:
     # the slot's prefix stays registered: its rows stay intact until the slot is reused
+    r = self._req[s]
+    if self.config.extend_prefixes and r is not None:
+      self._held[s] = np.concatenate([r.prompt, r.tokens])[:self._written[s]].tobytes()
+      self._releases += 1
+      self._held_at[s] = self._releases
     self._live[s] = False
     self._req[s] = None
 
@@ -264,6 +274,8 @@ class Engine:
     by serving is a cheap cache hit). Returns whether variants remain."""
     c, n = self.config, self.config.num_slots
     variants = [("prefill", t, b) for t in c.prefill_buckets for b in c.prefill_batch_buckets]
+    if c.extend_prefixes:
+      variants += [("extend", t, b) for t in c.prefill_buckets for b in c.prefill_batch_buckets]
     variants += [("copy", t, 0) for t in c.copy_buckets]
     variants += [("decode", rows, w) for rows in c.decode_row_buckets
                  for w in c.decode_len_buckets]
@@ -274,6 +286,11 @@ class Engine:
         self.cache = self._call(slots.prefill, self.params, self.cache, np.zeros((b, a), np.int32),
                                 np.zeros((b,), np.int32), np.full((b,), n, np.int32),
                                 self.moe_state, config=self.model_config)
+      elif kind == "extend":
+        self.cache = self._call(slots.extend, self.params, self.cache, np.zeros((b, a), np.int32),
+                                np.zeros((b,), np.int32), np.zeros((b,), np.int32),
+                                np.full((b,), n, np.int32), self.moe_state,
+                                config=self.model_config)
       elif kind == "copy":
         self.cache = self._call(slots.copy_prefix, self.cache, np.zeros((n,), np.int32),
                                 np.full((n,), n, np.int32), np.zeros((n,), np.int32), t=a)
@@ -286,8 +303,33 @@ class Engine:
   def _free_order(self) -> list[int]:
     """Free slots, lowest first, those holding a prefix a waiting request wants last."""
     free = [int(s) for s in np.flatnonzero(~self._live)]
+    # Slots holding an extendable sequence go last, least recently released first (an
+    # episode's next turn likely comes back for the most recent ones).
     return sorted(free, key=lambda s: (self._prefix[s] is not None
-                                       and self._waiting_keys[self._prefix[s]] > 0, s))
+                                       and self._waiting_keys[self._prefix[s]] > 0,
+                                       self._held[s] is not None,
+                                       int(self._held_at[s]) if self._held[s] is not None else 0,
+                                       s))
+
+  def _claims(self, free: list[int]) -> dict[int, int]:
+    """`extend_prefixes`: request id -> the free slot holding the longest prefix of its
+    sequence (each slot claimed once, queue order)."""
+    held = [s for s in free if self._held[s] is not None]
+    out: dict[int, int] = {}
+    if not held:
+      return out
+    taken: set[int] = set()
+    for r in list(self._waiting)[:len(free)]:
+      key, best = self._key_of[r.request_id], None
+      for s in held:
+        h = self._held[s]
+        if (s not in taken and 0 < len(h) <= len(key) and key.startswith(h)
+            and (best is None or len(h) > len(self._held[best]))):
+          best = s
+      if best is not None:
+        out[r.request_id] = best
+        taken.add(best)
+    return out
 
   def _admit(self) -> None:
     """Moves waiting requests into free slots: prefix copies or batched prefills."""
@@ -302,26 +344,45 @@ class Engine:
         sources[self._prefix[s]].append(s)
     leaders: list[tuple[np.ndarray, int]] = []
     copies: list[tuple[int, int, int]] = []
+    extends: list[tuple[np.ndarray, int, int]] = []  # (new tokens, kept, slot)
+    claims = self._claims(free) if c.extend_prefixes else {}
+    claimed = set(claims.values())
     while self._waiting and free:
       r = self._waiting.popleft()
       key = self._key_of[r.request_id]
       n = len(key) // 4
       self._waiting_keys[key] -= 1
-      own = [s for s in sources.get(key, ()) if s in free]  # a free slot holding this prefix
-      s = own[0] if own else free[0]
-      free.remove(s)
-      if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
-        sources[self._prefix[s]].remove(s)
-      src = [a for a in sources.get(key, ()) if a != s]  # live, or prefilled this round
-      if n == 0 or own:
-        copies.append((s, s, n))  # reset the slot's metadata, rows already in place
-      elif src:
-        copies.append((src[0], s, n))  # copies run after this round's prefills
+      claim = claims.pop(r.request_id, None)
+      if claim is not None and claim in free:
+        s, m = claim, len(self._held[claim]) // 4
+        claimed.discard(s)
+        free.remove(s)
+        if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
+          sources[self._prefix[s]].remove(s)
+        if m == n:
+          copies.append((s, s, n))  # every row already in place
+        else:
+          extends.append((np.concatenate([r.prompt, r.tokens])[m:n], m, s))
+        self.stats.reused_tokens += m
       else:
-        leaders.append((np.concatenate([r.prompt, r.tokens])[:-1], s))
-      self.stats.prefix_hits += int(n > 0 and bool(own or src))
+        open_ = [s for s in free if s not in claimed] or free
+        own = [s for s in sources.get(key, ()) if s in open_]  # a free slot holding this prefix
+        s = own[0] if own else open_[0]
+        free.remove(s)
+        claimed.discard(s)
+        if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
+          sources[self._prefix[s]].remove(s)
+        src = [a for a in sources.get(key, ()) if a != s]  # live, or prefilled this round
+        if n == 0 or own:
+          copies.append((s, s, n))  # reset the slot's metadata, rows already in place
+        elif src:
+          copies.append((src[0], s, n))  # copies run after this round's prefills
+        else:
+          leaders.append((np.concatenate([r.prompt, r.tokens])[:-1], s))
+        self.stats.prefix_hits += int(n > 0 and bool(own or src))
       if c.share_prefixes:
         sources[key].append(s)
+      self._held[s] = None
       self._req[s], self._prefix[s], self._live[s] = r, key, True
       self._pending[s] = r.tokens[-1] if r.num_generated else r.prompt[-1]
       self._keys[s], self._index[s], self._budget[s] = r.key, r.num_generated, r.remaining
@@ -343,6 +404,18 @@ class Engine:
       self.stats.prefill_rows += len(part)
       self.stats.prefill_tokens += int(lens.sum())
       self.stats.prefill_padded_tokens += b * t
+    for i in range(0, len(extends), max_b):
+      part = extends[i:i + max_b]
+      b = pick(len(part), c.prefill_batch_buckets)
+      t = pick(max(len(q) for q, _, _ in part), c.prefill_buckets)
+      toks, lens = np.zeros((b, t), np.int32), np.zeros((b,), np.int32)
+      starts, dst = np.zeros((b,), np.int32), np.full((b,), c.num_slots, np.int32)
+      for j, (q, m, s) in enumerate(part):
+        toks[j, :len(q)], lens[j], starts[j], dst[j] = q, len(q), m, s
+      self.cache = self._call(slots.extend, self.params, self.cache, toks, lens, starts, dst,
+                              self.moe_state, config=self.model_config)
+      self.stats.extend_calls += 1
+      self.stats.extend_tokens += int(lens.sum())
     if copies:
       self._copy(copies)
 
@@ -360,6 +433,8 @@ class Engine:
       for arr in (self._pending, self._keys, self._index, self._budget, self._written):
         arr[d] = arr[a]
       self._req[d], self._prefix[d], self._live[d] = self._req[a], self._prefix[a], True
+      self._held[d] = None
+      self._req[a] = None  # moved, not finished: its rows are no longer an episode's context
       self._release(a)
     self.stats.moved_rows += len(moves)
 

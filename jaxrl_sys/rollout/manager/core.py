@@ -58,6 +58,8 @@ class ManagerCore:
     self.busy_of_gone: dict[str, tuple[float, float, bool]] = {}  # lost / retired workers
     self._remote_seconds = 0.0  # integral of the remote-worker count over time
     self._last_tick = clock.now()
+    # Sticky sessions: the worker that finished a session's last request (LRU, bounded).
+    self._sessions: collections.OrderedDict[Any, str] = collections.OrderedDict()
     for w in workers:
       self.add_worker(w)
 
@@ -72,12 +74,21 @@ class ManagerCore:
         raise ValueError(f"request {r.request_id} is already in flight in the rollout manager")
     now = self.clock.now()
     for r in batch:
-      self.requests[r.request_id] = ReqState(dataclasses.replace(r), submitted_at=now)
+      self.requests[r.request_id] = ReqState(dataclasses.replace(r), submitted_at=now,
+                                             target=self._session_worker(r))
       self._provenance[r.request_id] = []
       self.queue.append(r.request_id)
     self._open += len(batch)
     self.stats.submitted += len(batch)
     self.last_progress = now
+
+  def _session_worker(self, r: Request) -> str | None:
+    """Sticky sessions: the worker that served the previous request of `r`'s session
+    (`meta["session"]`, e.g. the previous turn of an episode), while it is alive: dispatch
+    prefers it (its engine still holds the session's KV)."""
+    session = r.meta.get("session") if self.config.sticky_sessions else None
+    wid = None if session is None else self._sessions.get(session)
+    return wid if wid in self.workers else None
 
   def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
     """Publishes `version` to the store; each worker pulls it at its next exchange (once the
@@ -379,6 +390,12 @@ class ManagerCore:
     if c.finish is not None:
       ws.last_done = self.clock.now()
       ws.release(c.request_id, self.clock.now())
+      session = st.request.meta.get("session")
+      if session is not None and self.config.sticky_sessions:
+        self._sessions[session] = wid
+        self._sessions.move_to_end(session)
+        while len(self._sessions) > self.config.max_sessions:
+          self._sessions.popitem(last=False)
       self._complete(st, c.finish)
 
   def _complete(self, st: ReqState, finish: FinishReason) -> None:
