@@ -90,7 +90,7 @@ def _early_process_count(argv: list[str]) -> int:
       return int(value)
   except ValueError:
     return 1
-  from jaxrl_sys.train.loop.distributed import detect_cluster  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.dist.job import detect_cluster  # pylint: disable=import-outside-toplevel
   found = detect_cluster()
   return found[1] if found else 1
 
@@ -153,7 +153,7 @@ def recipe_from_flags():
   if FLAGS.resume and not (rc.output.out_dir or rc.checkpoint.directory):
     raise ValueError("--resume needs the run to continue: its --out_dir (or --checkpoint_dir)")
   if not rc.output.out_dir:
-    from jaxrl_sys.train.loop.multihost import share_from_main  # pylint: disable=import-outside-toplevel
+    from jaxrl_sys.train.dist.multihost import share_from_main  # pylint: disable=import-outside-toplevel
     from jaxrl_sys.train.recipe.run_dir import new_run_dir  # pylint: disable=import-outside-toplevel
     # Several processes: process 0 names the directory, the others read it.
     rc = rc.replace(out_dir=share_from_main("run_dir", lambda: new_run_dir("runs", run_name(rc))))
@@ -162,12 +162,12 @@ def recipe_from_flags():
 
 def join_job():
   """Joins the multi-process job the flags (or the environment) describe, before JAX starts
-  (`train.loop.distributed.initialize`) with the `distributed` section of the flags (and the
+  (`train.dist.job.initialize`) with the `distributed` section of the flags (and the
   --config file); returns its watchdog (None for one process)."""
-  from jaxrl_sys.train.loop import distributed  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.dist import job  # pylint: disable=import-outside-toplevel
   if FLAGS.config:
     cli.apply_config_file(FLAGS.config, FLAGS)
-  return distributed.initialize(cli.run_config_from_flags(FLAGS).distributed)
+  return job.initialize(cli.run_config_from_flags(FLAGS).distributed)
 
 
 def main(argv):

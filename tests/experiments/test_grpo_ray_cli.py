@@ -6,7 +6,8 @@ import os
 import pytest
 
 from jaxrl_sys.rollout.elastic.trace_formats import bundled_trace
-from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup, check_ray_resources
+from jaxrl_sys.rollout.setup.ray import check_ray_resources
+from jaxrl_sys.rollout.setup.spec import RolloutSetup
 from tests.experiments.test_grpo_cli import _run
 
 

@@ -100,12 +100,12 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   assert f"last good checkpoint is step {bad - 1}" in str(e.value)
   assert not os.path.exists(os.path.join(out, "final_params.npz"))
   rec = recipe_lib.build_recipe(quick(steps=30, out_dir=out, progress=False))
-  from jaxrl_sys.train.loop.rl_loop import RLLoop
-  loop = RLLoop(rec.model.config, rec.train, rec.loop, rec.task, rec.model.tokenizer,
-                recipe_lib.recipe_mesh(rec.mesh_spec))
+  from jaxrl_sys.train.step.programs import train_programs
   from jaxrl_sys.train.step.state import state_shardings, with_shardings
-  target = with_shardings(loop.abstract, state_shardings(loop.abstract, loop.mc, loop.optimizer,
-                                                         loop.mesh))
+  plan, mesh = rec.plan, recipe_lib.recipe_mesh(rec.mesh_spec)
+  optimizer, _, abstract, _ = train_programs(plan.train_model, plan.train,
+                                             plan.precision.param_dtype, mesh)
+  target = with_shardings(abstract, state_shardings(abstract, plan.train_model, optimizer, mesh))
   ckpt = Checkpointer(CheckpointConfig(directory=ck))
   got = ckpt.restore(target)
   ckpt.close()

@@ -1,10 +1,13 @@
 """Frozen configuration of the host RL loop (`LoopConfig`: modes, batch sizes, staleness) and
 of its checkpoints (`CheckpointConfig`: the orbax manager). Each validates itself in
-`__post_init__` with messages that name the bad value.
+`__post_init__` with messages that name the bad value. The loop's rules on its settings
+(`extra_groups`: APRIL over-provisioning; `check_lengths`: prompt + response within the
+context) live beside them.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 MODES = ("sync", "one_off", "async")
 
@@ -127,3 +130,20 @@ class LoopConfig:
       raise ValueError("max_prompt_len and max_new_tokens are None (left to the recipe): give "
                        "both to a loop that runs without `recipe.build_recipe`")
     return self.max_prompt_len + self.max_new_tokens
+
+
+def extra_groups(loop: LoopConfig) -> int:
+  """Groups admitted beyond B per step: APRIL over-provisioning, ceil(B * oversample) - B in
+  sync / one_off modes (async admits by staleness instead: 0)."""
+  if loop.mode == "async":
+    return 0
+  return int(math.ceil(loop.prompts_per_step * loop.oversample)) - loop.prompts_per_step
+
+
+def check_lengths(max_seq_len: int, loop: LoopConfig) -> None:
+  """Raises ValueError when the prompt bucket plus the response budget exceed the context
+  `max_seq_len` (the model's)."""
+  if loop.seq_len > max_seq_len:
+    raise ValueError(
+        f"prompt longer than the context: max_prompt_len {loop.max_prompt_len} + max_new_tokens "
+        f"{loop.max_new_tokens} = {loop.seq_len} > the model's max_seq_len {max_seq_len}")

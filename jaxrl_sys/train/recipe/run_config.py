@@ -6,11 +6,11 @@
       train        AlgoConfig         the algorithm -> `step.config.TrainConfig`
       optim        OptimConfig        the optimizer (step/)
       loop         LoopConfig         the host RL loop (loop/)
-      rollout      RolloutSetup       where rollout runs (recipe/rollout_setup.py)
+      rollout      RolloutSetup       where rollout runs (rollout/setup/spec.py)
       checkpoint   CheckpointConfig   orbax checkpoints (loop/)
       warmup       WarmupConfig       the supervised warm-up before RL
       eval         EvalConfig         held-out evaluation
-      distributed  DistributedConfig  devices and processes: the mesh, the multi-process job (loop/)
+      distributed  DistributedConfig  devices and processes: the mesh, the multi-process job (dist/)
       output       OutputConfig       where a run writes (not part of its config.json)
       precision    PrecisionConfig    dtypes of masters, compute, rollout (train/precision.py)
 
@@ -45,10 +45,10 @@ import functools
 import typing
 from typing import Any, Mapping
 
+from jaxrl_sys.rollout.setup.spec import RolloutSetup
+from jaxrl_sys.train.dist.job import DistributedConfig
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
-from jaxrl_sys.train.loop.distributed import DistributedConfig
 from jaxrl_sys.train.precision import PrecisionConfig
-from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup
 from jaxrl_sys.train.step.config import ALGOS, OptimConfig, TrainConfig, train_config_for_algo
 
 SCALARS = (str, int, float, bool)

@@ -28,8 +28,8 @@ def test_mesh_larger_than_devices():
 
 
 def test_prompt_longer_than_model_context():
-  from jaxrl_sys.train.loop.local_client import check_lengths
+  from jaxrl_sys.train.loop.config import check_lengths
   from jaxrl_sys.train.recipe.presets import load_model
   model = load_model("tiny", max_seq_len=10)
   with pytest.raises(ValueError, match="prompt longer than the context"):
-    check_lengths(model.config, LoopConfig(max_prompt_len=8, max_new_tokens=4))
+    check_lengths(model.config.max_seq_len, LoopConfig(max_prompt_len=8, max_new_tokens=4))

@@ -9,7 +9,7 @@ environment by JAX's cluster detection (SLURM, Open MPI, Cloud TPU pod slices, K
 GKE), see `detect_cluster`.
 
 This module is host-side start-up only (a side effect); the per-step collectives of the loop
-live in `train.loop.multihost`.
+live in `train.dist.multihost`.
 """
 from __future__ import annotations
 
