@@ -9,6 +9,9 @@ class AgentConfig:
   """Multi-turn episodes (`agents.EpisodeDriver`).
 
   Attributes:
+    env: the episode environment, module:Class or path/to/file.py:Class, built once per
+      episode (`tasks.env`); None: the task's own (`--task=calculator`, `--task=search`), or
+      single-turn training when the task has none.
     max_turns: policy turns per episode at most; an episode still going after them ends
       (`episodes_max_turns`), its reward the sum of its per-turn rewards so far.
     max_turn_tokens: tokens one policy turn may sample (None: what is left of the episode's
@@ -27,6 +30,7 @@ class AgentConfig:
       every tool run, then the next turns): how peers run multi-turn rollout; for comparison.
     check_template: run the chat-template self-check when the driver starts.
   """
+  env: str | None = None
   max_turns: int = 4
   max_turn_tokens: int | None = None
   tool_timeout: float = 30.0

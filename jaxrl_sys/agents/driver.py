@@ -58,12 +58,14 @@ class EpisodeDriver:
     turn_format: the tokenizer's `tasks.turns.TurnFormat`.
     config: `AgentConfig`.
     executor: the tool executor (default: one from the config's tool settings).
+    close_session: `close()` closes `session` too (the driver owns it).
   """
 
   def __init__(self, session: Any, env_factory: Callable[[], Any], task: Any, turn_format: Any,
-               config: AgentConfig = AgentConfig(), executor: ToolExecutor | None = None):
+               config: AgentConfig = AgentConfig(), executor: ToolExecutor | None = None,
+               close_session: bool = False):
     self.session, self.env_factory, self.task, self.fmt = session, env_factory, task, turn_format
-    self.config = config
+    self.config, self.close_session = config, close_session
     self._own_executor = executor is None
     self.executor = executor or ToolExecutor(config.tool_workers, config.tool_timeout,
                                              config.tool_output_chars)
@@ -190,8 +192,10 @@ class EpisodeDriver:
     self.session.add_tick_hook(hook)
 
   def close(self) -> None:
-    """Ends the env threads and the executor (the session is closed by its owner)."""
+    """Ends the env threads and the executor (and the session with `close_session`)."""
     self._pool.shutdown(wait=False, cancel_futures=True)
+    if self.close_session:
+      self.session.close()
     if self._own_executor:
       self.executor.close()
     if self._aloop is not None:

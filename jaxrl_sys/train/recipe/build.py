@@ -29,12 +29,15 @@ from typing import Any
 import jax
 
 from jaxrl_sys import backend
+from jaxrl_sys.agents.config import AgentConfig
 from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.setup.factory import make_client
 from jaxrl_sys.rollout.setup.spec import ClientOptions, RolloutSetup
 from jaxrl_sys.rollout.types import RolloutSession
 from jaxrl_sys.sharding import DEFAULT_RULES, MeshSpec, parse_mesh
-from jaxrl_sys.tasks import CountingTask, DatasetTask, make_task, parse_task_spec
+from jaxrl_sys.tasks import (CountingTask, DatasetTask, call_env_factory, load_env, make_task,
+                             parse_task_spec)
+from jaxrl_sys.tasks.turns import turn_format
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.loop.groups import encode_prompt
 from jaxrl_sys.train.loop.periodic_eval import SYNTHETIC_EVAL_START
@@ -49,7 +52,8 @@ from jaxrl_sys.train.step.programs import train_programs
 
 # Built-in tasks: (task_args, max_prompt_len, max_new_tokens) used when the config leaves them
 # None. The tiny presets' warm-up steps when `sft_steps` is None (a user's model gets none).
-TASK_DEFAULTS = {"arithmetic": ("num_digits=1,ops=+", 8, 4), "countdown": ("", 16, 8)}
+TASK_DEFAULTS = {"arithmetic": ("num_digits=1,ops=+", 8, 4), "countdown": ("", 16, 8),
+                 "calculator": ("", 16, 64), "search": ("", 32, 96)}
 PRESET_SFT_STEPS = 60
 # Identity of a run for `--resume` (CheckpointConfig.identity): what is trained, and on what
 # (short setting names, as checkpoints written before the config tree recorded them).
@@ -93,6 +97,18 @@ class Recipe:
   eval_task: Any = None
   eval_indices: tuple[int, ...] = ()
   notes: list[str] = dataclasses.field(default_factory=list)
+  env_factory: Any = None
+  turn_format: Any = None
+
+  @property
+  def agentic(self) -> bool:
+    """Multi-turn episodes (an env: `--env`, or the task's own)."""
+    return self.env_factory is not None
+
+  @property
+  def agent(self) -> AgentConfig:
+    """The episodes' settings (`config.agent`)."""
+    return self.config.agent
 
   @property
   def train(self) -> TrainConfig:
@@ -169,7 +185,7 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   if task is None:
     task = _build_task(rc, parse_task_args(task_args))
   dataset = isinstance(task, DatasetTask)
-  extra = "".join(task.texts()) if dataset else ""
+  extra = ("".join(task.texts()) if dataset else "") + getattr(task, "alphabet", "")
   model = load_model(rc.model.name, max_seq_len=64, chat_template=rc.model.chat_template,
                      extra_chars=extra)
   prompt_len, new_tokens = defaults[1:]
@@ -210,12 +226,44 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
                      "rollout.rollout=local (Ray rollout is single-process only)")
   limits.check_memory(model.config, min(rc.loop.micro_batch_groups, rc.loop.prompts_per_step)
                       * plan.samples_per_group, plan.seq_len, jax.devices()[0])
+  env_factory, fmt = _env_factory(rc, task), None
+  if env_factory is not None:
+    fmt = turn_format(model.tokenizer)
+    # Episodes: turns stop on the template's end-of-turn ids; an episode's next turn extends
+    # the KV its previous turn left in its engine (sticky sessions).
+    engine = dict(extend_prefixes=True,
+                  sampling=dataclasses.replace(plan.engine.sampling, stop_tokens=fmt.stop_ids))
+    plan = dataclasses.replace(plan, engine=dataclasses.replace(plan.engine, **engine),
+                               eval_engine=dataclasses.replace(plan.eval_engine, **engine))
   encode_prompt(model.tokenizer, task.problem(0).prompt, rc.loop.max_prompt_len)  # fail early
   identity = {k: rc.get(k) for k in IDENTITY_KEYS}
   identity.update(kl_coef=plan.train.loss.kl_coef,
                   eval_split=n_eval if dataset and rc.eval.every else 0)
+  if env_factory is not None:
+    identity.update(env=rc.agent.env, max_turns=rc.agent.max_turns,
+                    max_turn_tokens=rc.agent.max_turn_tokens)
   ckpt = dataclasses.replace(rc.checkpoint, identity=json.loads(json.dumps(identity)))
-  return Recipe(rc, spec, model, CountingTask(task), plan, ckpt, eval_task, eval_indices, notes)
+  return Recipe(rc, spec, model, CountingTask(task), plan, ckpt, eval_task, eval_indices, notes,
+                env_factory, fmt)
+
+
+def _env_factory(rc: RunConfig, task: Any) -> Any:
+  """The per-episode env factory: `--env=module:Class` (called with the task when its
+  constructor takes one), the task's own `make_env`, or None (single-turn training)."""
+  if rc.agent.env:
+    cls = load_env(rc.agent.env)
+    return lambda: call_env_factory(cls, task)
+  return getattr(task, "make_env", None)
+
+
+def agent_driver(recipe: Recipe, session: RolloutSession, *, check_template: bool = True):
+  """`agents.EpisodeDriver` over `session` for the recipe's env (it owns and closes the
+  session)."""
+  from jaxrl_sys.agents.driver import EpisodeDriver  # pylint: disable=import-outside-toplevel
+  config = recipe.agent if check_template else dataclasses.replace(recipe.agent,
+                                                                   check_template=False)
+  return EpisodeDriver(session, recipe.env_factory, recipe.task, recipe.turn_format, config,
+                       close_session=True)
 
 
 # The evaluation always generates in-process, whatever runs the training rollout.
@@ -236,16 +284,18 @@ def rollout_session(recipe: Recipe, *, warmup: bool = False, clock: Clock = WALL
   plan = recipe.plan
   options = ClientOptions(local_workers=plan.local_workers, warmup=warmup, seed=plan.loop.seed,
                           compile_cache=jax.config.jax_compilation_cache_dir or None)
-  return make_client(recipe.rollout, plan.rollout_model, plan.engine, options=options,
-                     clock=clock)
+  session = make_client(recipe.rollout, plan.rollout_model, plan.engine, options=options,
+                        clock=clock)
+  return agent_driver(recipe, session) if recipe.agentic else session
 
 
 def eval_session(recipe: Recipe) -> RolloutSession:
   """The evaluation's rollout session: in-process engines sized for `plan.eval_samples` per
   problem, running the policy in its training dtypes; the caller closes it."""
   plan = recipe.plan
-  return make_client(_IN_PROCESS, plan.train_model, plan.eval_engine,
-                     options=ClientOptions(local_workers=plan.eval_local_workers))
+  session = make_client(_IN_PROCESS, plan.train_model, plan.eval_engine,
+                        options=ClientOptions(local_workers=plan.eval_local_workers))
+  return agent_driver(recipe, session, check_template=False) if recipe.agentic else session
 
 
 def make_loop(recipe: Recipe, mesh: jax.sharding.Mesh, client: RolloutSession,

@@ -58,6 +58,8 @@ class Sample:
     tokens, logprobs, versions: `[Lr]` response tokens, behaviour log-probs, weight versions.
     advantage: the sample's advantage.
     weight: 1.0, or 0.0 to exclude it from the gradient (MC-GRPO pivot).
+    mask: `[Lr]` float32 per-token loss mask, or None (all 1): a multi-turn episode's is 1 on
+      the tokens the policy sampled and 0 on observations and template glue.
   """
   prompt: np.ndarray
   tokens: np.ndarray
@@ -65,6 +67,7 @@ class Sample:
   versions: np.ndarray
   advantage: float
   weight: float = 1.0
+  mask: np.ndarray | None = None
 
 
 def micro_batches(num_groups: int, max_groups: int, min_groups: int = 1) -> list[tuple[int, int]]:
@@ -171,7 +174,8 @@ def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0,
     nxt = seq[1 + start[i]:]            # the targets from the window's first position on
     targets[i, :min(len(nxt), w)] = nxt[:w]
     sl = slice(first, first + lr)
-    loss_mask[i, sl] = float(s.weight)
+    loss_mask[i, sl] = float(s.weight) * (1.0 if s.mask is None else np.asarray(s.mask,
+                                                                                 np.float32))
     behav[i, sl] = s.logprobs
     versions[i, sl] = s.versions
     adv[i] = s.advantage
