@@ -64,7 +64,7 @@ class CalculatorTask:
     if not self.ops or set(self.ops) - set(_OPS):
       raise ValueError(f"CalculatorTask ops must be drawn from '+-*', got {self.ops!r}")
 
-  alphabet = "0123456789+-*()=<>calc \n"
+  alphabet = "0123456789+-*()=<>acl? \n"
   tool_style = "plain"
 
   def _steps(self, index: int) -> tuple[list[tuple[int, str, int]], int]:
