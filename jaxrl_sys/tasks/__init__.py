@@ -25,6 +25,7 @@ from jaxrl_sys.tasks.env import (Action, Env, EnvStep, TaskEnv, ToolEnv, call_en
 from jaxrl_sys.tasks.rewards import (CountingTask, exact_match, load_reward, reward_value,
                                      score_completions)
 from jaxrl_sys.tasks.search import SearchEnv, SearchTask
+from jaxrl_sys.tasks.tools import Tool, ToolCall, ToolExecutor, ToolResult
 from jaxrl_sys.tasks.tokenizer import CharTokenizer
 
 TASKS = {"arithmetic": ArithmeticTask, "countdown": CountdownTask,
@@ -51,7 +52,8 @@ def make_task(name: str, reward=None, **kwargs) -> Task:
 
 __all__ = [
     "Action", "CalculatorEnv", "CalculatorTask", "Env", "EnvStep", "SearchEnv", "SearchTask",
-    "TaskEnv", "ToolEnv", "call_env_factory", "load_env",
+    "TaskEnv", "Tool", "ToolCall", "ToolEnv", "ToolExecutor", "ToolResult", "call_env_factory",
+    "load_env",
     "ArithmeticTask", "CharTokenizer", "CountdownTask", "CountingTask", "DatasetTask",
     "NonFiniteRewardError", "Problem", "RewardError", "RewardValueError", "SupervisedBatch",
     "TASKS", "Task", "reward_value",

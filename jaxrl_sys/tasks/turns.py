@@ -229,7 +229,8 @@ SAMPLE_CONVERSATION = (
                                      '{"expression": "12*7"}}\n</tool_call>'},
     {"role": "tool", "content": "84"},
     {"role": "assistant", "content": '<think>\nNow add 5.\n</think>\n\n<tool_call>\n'
-                                     '{"name": "calc", "arguments": {"expression": "84+5"}}\n</tool_call>\n<tool_call>\n'
+                                     '{"name": "calc", "arguments": {"expression": "84+5"}}'
+                                     '\n</tool_call>\n<tool_call>\n'
                                      '{"name": "calc", "arguments": {"expression": "1+1"}}\n'
                                      '</tool_call>'},
     {"role": "tool", "content": "89"},

@@ -8,7 +8,6 @@ import numpy as np
 
 from jaxrl_sys.agents import AgentConfig, EpisodeDriver
 from jaxrl_sys.rollout import InProcessRollout, ManagerConfig, RolloutManager
-from jaxrl_sys.tasks.env import EnvStep
 from jaxrl_sys.tasks.turns import PlainFormat
 from jaxrl_sys.train.loop.groups import group_requests
 from tests.agents import common

@@ -185,7 +185,9 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   if task is None:
     task = _build_task(rc, parse_task_args(task_args))
   dataset = isinstance(task, DatasetTask)
+  env_factory = _env_factory(rc, task)
   extra = ("".join(task.texts()) if dataset else "") + getattr(task, "alphabet", "")
+  extra += _env_chars(env_factory)
   model = load_model(rc.model.name, max_seq_len=64, chat_template=rc.model.chat_template,
                      extra_chars=extra)
   prompt_len, new_tokens = defaults[1:]
@@ -193,6 +195,8 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   if dataset:
     task, prompt_len, new_tokens, note = _fit_dataset(task, model, rc)
     notes += [note] if note else []
+    if env_factory is not None and rc.loop.max_new_tokens is None:
+      new_tokens = max(new_tokens, 32 * rc.agent.max_turns)  # turns and observations
   n_eval = rc.eval.prompts
   eval_task, eval_indices = task, tuple(range(SYNTHETIC_EVAL_START, SYNTHETIC_EVAL_START + n_eval))
   if dataset and rc.eval.every:
@@ -226,7 +230,7 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
                      "rollout.rollout=local (Ray rollout is single-process only)")
   limits.check_memory(model.config, min(rc.loop.micro_batch_groups, rc.loop.prompts_per_step)
                       * plan.samples_per_group, plan.seq_len, jax.devices()[0])
-  env_factory, fmt = _env_factory(rc, task), None
+  fmt = None
   if env_factory is not None:
     fmt = turn_format(model.tokenizer)
     # Episodes: turns stop on the template's end-of-turn ids; an episode's next turn extends
@@ -254,6 +258,19 @@ def _env_factory(rc: RunConfig, task: Any) -> Any:
     cls = load_env(rc.agent.env)
     return lambda: call_env_factory(cls, task)
   return getattr(task, "make_env", None)
+
+
+def _env_chars(env_factory: Any) -> str:
+  """Characters a preset's character tokenizer needs for an env's episodes: its `alphabet`,
+  its call markers and tool names, and the newlines around observations."""
+  if env_factory is None:
+    return ""
+  env = env_factory()
+  parser = getattr(env, "parser", None)
+  out = getattr(env, "alphabet", "") + " \n?"
+  if parser is not None:
+    out += parser.open + parser.close + "".join(t.name for t in getattr(env, "tools", ()))
+  return out
 
 
 def agent_driver(recipe: Recipe, session: RolloutSession, *, check_template: bool = True):
