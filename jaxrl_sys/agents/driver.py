@@ -244,8 +244,8 @@ class EpisodeDriver:
     return ("resumed", None)
 
   def _step_now(self, ep: Episode, action: Action) -> EnvStep:
-    if hasattr(ep.env, "snapshot"):
-      ep.env_snapshot = ep.env.snapshot()
+    """An env step on an env thread; `ep.env_snapshot` still holds the state before it (what a
+    checkpoint taken meanwhile resumes from, running the step again)."""
     return self._call_step(ep.env, action)
 
   def _collect_env(self) -> None:
@@ -283,9 +283,15 @@ class EpisodeDriver:
                   kind, ep.episode_id, sum(ep.rewards), msg)
     self._finish(ep, FinishReason.STOP)
 
+  def _snapshot_env(self, ep: Episode) -> None:
+    """Records the env's state between steps (its thread is idle)."""
+    if hasattr(ep.env, "snapshot"):
+      ep.env_snapshot = ep.env.snapshot()
+
   def _begin(self, ep: Episode, first: Any) -> None:
     """A fresh episode's first turn (the prompt re-encoded when the env's first observation is
     not the problem's prompt)."""
+    self._snapshot_env(ep)
     if isinstance(first, str) and first != self._problem(ep).prompt:
       ep.request.prompt = np.asarray(self.fmt.prompt(first), np.int32)
     self._submit_turn(ep)
@@ -296,6 +302,7 @@ class EpisodeDriver:
       return
     if self.prefetcher is not None:
       self.prefetcher.forget(ep.episode_id)
+    self._snapshot_env(ep)  # the state after the step: what a resumed episode restores
     ep.rewards.append(float(step.reward))
     for res in step.info.get("tool_results", ()):
       self.counts["agent_tool_calls"] += 1

@@ -156,3 +156,26 @@ def test_sticky_sessions_reuse_the_kv_and_change_no_token():
     np.testing.assert_array_equal(c.request.tokens, off[e].request.tokens)
     np.testing.assert_allclose(c.request.logprobs, off[e].request.logprobs, atol=1e-5)
   assert ratio_on > 0.5 and ratio_on > ratio_off
+
+
+def test_aborted_episodes_resume_exactly(episodes):
+  """The loop's step boundary in sync mode: in-flight episodes aborted (mid-turn or in a
+  tool call), resubmitted later: every token, log-prob and version as if never stopped."""
+  undisturbed, _ = episodes
+  session = InProcessRollout.create(common.CFG, common.params(), common.engine_config())
+  driver = EpisodeDriver(session, common.EchoEnv, common.TASK, PlainFormat(common.TOK),
+                         AgentConfig(max_turns=3, max_turn_tokens=common.TURN_TOKENS))
+  driver.submit(_requests())
+  got = {}
+  for _ in range(3):
+    for c in driver.poll(min_count=1, timeout=0.01):
+      got[c.request_id] = c
+  partial = driver.abort()
+  assert partial and any(len(r.tokens) for r in partial) and not driver.num_pending()
+  assert any(r.meta["episode_state"]["turn"] > 0 for r in partial)
+  got.update(run_all(driver, partial))
+  assert sorted(got) == sorted(undisturbed)
+  for e, c in undisturbed.items():
+    for f in ("tokens", "logprobs", "versions"):
+      np.testing.assert_allclose(getattr(got[e].request, f), getattr(c.request, f), atol=1e-5)
+  driver.close()
