@@ -12,21 +12,25 @@ from jaxrl_sys.train import recipe as recipe_lib
 from jaxrl_sys.train.recipe import run as run_lib
 from tests.train.common import quick
 
-# One shape for both tests (the programs compile once per process): 1-digit additions through
-# the calculator tool, 8 groups of 4 per step plus 8 over-provisioned groups (APRIL) that are
-# in flight at every step boundary.
-BASE = dict(task="calculator", task_args="num_ops=1,digits=1,ops=+", group_size=4,
-            prompts_per_step=8, micro_batch_groups=8, oversample=2.0, max_new_tokens=24,
-            max_prompt_len=8, sft_steps=100, sft_learning_rate=3e-3, save_every=0)
+# 1-digit additions through the calculator tool (tiny preset). The learning run: a warm-up
+# that leaves held-out success near 0.45, then GRPO on 64 groups of 4 episodes per step (one
+# micro-batch of the groups in id order: the run is deterministic on a CPU). Measured on the
+# 2-core CPU: held-out success 0.465, 0.527, 0.629, 0.684 at steps 4, 8, 12, 16; training
+# reward 0.46 -> 0.59 (first and last 4 steps).
+TASK = dict(task="calculator", task_args="num_ops=1,digits=1,ops=+", group_size=4,
+            max_new_tokens=24, max_prompt_len=8, sft_learning_rate=3e-3, save_every=0)
 
 
 def test_held_out_episode_success_rises(tmp_path):
-  rc = quick(**BASE, steps=14, eval_every=1, eval_prompts=32, learning_rate=1e-3,
+  rc = quick(**TASK, prompts_per_step=64, micro_batch_groups=64, sft_steps=80, steps=16,
+             eval_every=4, eval_prompts=64, learning_rate=1e-3, lr_warmup_steps=5,
              out_dir=str(tmp_path / "run"))
   result = recipe_lib.run_recipe(recipe_lib.build_recipe(rc))
-  evals = [row["eval_reward"] for row in result.history]
-  first, last = np.mean(evals[:3]), np.mean(evals[-3:])
-  assert last > first + 0.05, evals
+  evals = [row["eval_reward"] for row in result.history if "eval_reward" in row]
+  rewards = [row["reward_mean"] for row in result.history]
+  # 256 held-out episodes per evaluation (std <= 0.03), 1024 training episodes per window
+  assert evals[-1] > evals[0] + 0.1, evals
+  assert np.mean(rewards[-4:]) > np.mean(rewards[:4]) + 0.05, rewards
   row = result.history[-1]
   assert row["episode_turns"] > 1.5 and row["agent_tool_calls"] > 0
   assert os.path.exists(tmp_path / "run" / "agent.png")
@@ -60,7 +64,11 @@ def _run(monkeypatch, out_dir, seen, stop=False, resume=False):
   build = run_lib.rollout_session
   monkeypatch.setattr(run_lib, "rollout_session",
                       lambda recipe, **kw: Recorder(build(recipe, **kw), seen, stop))
-  rc = quick(**dict(BASE, sft_steps=20), steps=3, learning_rate=1e-9, out_dir=out_dir)
+  # 8 groups per step and 8 over-provisioned ones (APRIL): episodes are in flight at every
+  # step boundary; a negligible learning rate, so the weights (and with them every episode's
+  # tokens) do not depend on which groups a step happened to train.
+  rc = quick(**TASK, prompts_per_step=8, micro_batch_groups=8, oversample=2.0, sft_steps=20,
+             steps=3, learning_rate=1e-9, out_dir=out_dir)
   result = recipe_lib.run_recipe(recipe_lib.build_recipe(rc), resume=resume)
   monkeypatch.setattr(run_lib, "rollout_session", build)
   return result
