@@ -116,8 +116,10 @@ class EpisodeDriver:
         if self.prefetcher is not None:
           self._speculate()
         wait = 0.002 if self._env else (0.01 if self.prefetcher is not None else left)
-        for c in self.session.poll(min_count=1, timeout=min(wait, left)):
-          self._on_turn(c)
+        started = [self._on_turn(c) for c in self.session.poll(min_count=1,
+                                                               timeout=min(wait, left))]
+        if any(started):  # a quick env step's next turn joins the engines' very next step
+          cf.wait([self._env[e][0] for e in started if e in self._env], timeout=0.001)
       elif self._env:
         cf.wait([f for f, _ in self._env.values()], timeout=left,
                 return_when=cf.FIRST_COMPLETED)
@@ -364,10 +366,11 @@ class EpisodeDriver:
     if partial is not None and partial.num_generated:
       ep.append(partial.tokens, partial.logprobs, partial.versions)
 
-  def _on_turn(self, c: Completion) -> None:
+  def _on_turn(self, c: Completion) -> int | None:
+    """A turn finished: close it, then step its env (the episode id when a step started)."""
     eid = self._by_turn.pop(c.request_id, None)
     if eid is None:
-      return
+      return None
     ep = self.episodes[eid]
     self._fold_partial(ep, c.request)
     sampled = ep.tokens[ep.turn_start:]
@@ -378,14 +381,15 @@ class EpisodeDriver:
     ep.actions.append(action.text)
     if len(glue) > ep.budget_left:
       self._truncate(ep, glue)
-      return
+      return None
     ep.append(glue)
     if self.config.turn_barrier:
       ep.phase = "wait"
       self._held_actions[eid] = action
       self._release_barrier()
-    else:
-      self._run_env(ep, "step", lambda ep=ep, a=action: self._step_now(ep, a))
+      return None
+    self._run_env(ep, "step", lambda ep=ep, a=action: self._step_now(ep, a))
+    return eid
 
   def _release_barrier(self) -> None:
     """Turn barrier: once no episode generates and no env step runs, the episodes waiting with

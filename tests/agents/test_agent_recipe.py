@@ -1,6 +1,7 @@
 """Agentic training through the recipe (`--task=calculator`): held-out episode success rises
 after the supervised warm-up; a SIGTERM while episodes are in flight, then `--resume`, gives
-the episodes of an undisturbed run, token for token and version for version."""
+the episodes of an undisturbed run token for token, each in-flight one continued exactly from
+its checkpointed tokens, log-probs and versions."""
 import json
 import os
 import signal
@@ -8,6 +9,7 @@ import signal
 import numpy as np
 import pytest
 
+from jaxrl_sys.rollout.wire import request_from_json
 from jaxrl_sys.train import recipe as recipe_lib
 from jaxrl_sys.train.recipe import run as run_lib
 from tests.train.common import quick
@@ -93,11 +95,18 @@ def test_sigterm_mid_episode_then_resume_matches_undisturbed(tmp_path, monkeypat
   common = sorted(set(seen) & set(undisturbed))
   assert {r["request_id"] for r in partial} <= set(seen)  # every one finished after --resume
   assert len(common) >= len(partial)
-  for e in common:
+  for e in common:  # the same episodes (how far each got before a boundary is timing)
     a, b = undisturbed[e], seen[e]
     np.testing.assert_array_equal(a.tokens, b.tokens)
-    np.testing.assert_array_equal(a.versions, b.versions)
+    np.testing.assert_array_equal(a.versions >= 0, b.versions >= 0)
     assert a.meta["episode"] == b.meta["episode"]
+  for saved in map(request_from_json, partial):  # resumed exactly where the checkpoint stood
+    final, n = seen[saved.request_id], saved.num_generated
+    np.testing.assert_array_equal(final.tokens[:n], saved.tokens)
+    np.testing.assert_array_equal(final.versions[:n], saved.versions)
+    np.testing.assert_array_equal(final.logprobs[:n], saved.logprobs)
+    later = final.versions[n:]
+    assert (later[later >= 0] >= step).all()  # sampled after the resume by version >= step
 
 
 def test_user_env_from_the_env_flag():

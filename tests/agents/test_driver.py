@@ -164,18 +164,20 @@ def test_fault_list_becomes_metrics_and_nothing_is_lost():
 
 
 def test_checkpointed_snapshot_resumes_exactly():
-  def fresh():
-    return make_driver(ScriptedSession(demo_script(), (EOS,), chunk=2), lambda: SlowSearchEnv(
-        TASK), prefetch=False)
+  def fresh():  # turns take a few 5 ms polls, tool calls 50 ms: the two overlap
+    return make_driver(ScriptedSession(demo_script(), (EOS,), chunk=2, poll_seconds=0.005),
+                       lambda: SlowSearchEnv(TASK), prefetch=False)
   reqs = episode_requests(TASK, TOK, 6, 160)
   undisturbed = run_all(fresh(), reqs)
   driver = fresh()
   driver.submit(reqs)
   got = {}
   # Until some episodes are mid-turn while others wait for a tool call: checkpoint then.
+  deadline = time.monotonic() + 30
   while not {"generate", "env"} <= {ep.phase for ep in driver.episodes.values()}:
     for c in driver.poll(min_count=1, timeout=0.01):
       got[c.request_id] = c
+    assert driver.episodes and time.monotonic() < deadline, "no moment with both phases"
   assert any(ep.turn > 0 for ep in driver.episodes.values())
   saved = json.loads(json.dumps([request_to_json(r) for r in driver.snapshot()]))
   assert saved and all("episode_state" in r["meta"] for r in saved)
