@@ -1,7 +1,7 @@
 """The TRL / Tunix side-by-side GRPO workload on our trainer, with the train phase against the
 GEMM roofline of this machine (`python -m benchmarks.grpo_step --peer_workload`).
 
-Workload (as in ../shared/peers): the tiny Qwen2 and Qwen3-MoE models of `peer_models`, 8
+Workload (as in `benchmarks.peers.compare`): the tiny Qwen2 and Qwen3-MoE models of `peer_models`, 8
 prompts "a+b=" (a, b < 100) x G=8, exactly 32 new tokens (no stop token), KL 0.04 with a
 reference forward, AdamW lr 1e-5 without warm-up, one update per batch, float32, the recipe's
 defaults otherwise. Per run: medians over steps 3..steps of step / rollout / train time (the

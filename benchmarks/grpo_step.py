@@ -34,10 +34,10 @@ BASE = recipe_lib.RecipeConfig(progress=False, sft_steps=60, lr_warmup_steps=5)
 def warm_params(rc: recipe_lib.RecipeConfig):
   recipe = recipe_lib.build_recipe(rc)
   rc, mc = recipe.config, recipe.model.config  # the task's defaults filled in
-  params = init_params(mc, jax.random.PRNGKey(rc.seed))
-  return supervised_warmup(params, mc, recipe.task, recipe.model.tokenizer, steps=rc.sft_steps,
-                           batch_size=rc.sft_batch_size, learning_rate=rc.sft_learning_rate,
-                           seq_len=rc.max_prompt_len + rc.max_new_tokens)
+  params = init_params(mc, jax.random.PRNGKey(rc.loop.seed))
+  return supervised_warmup(params, mc, recipe.task, recipe.model.tokenizer,
+                           steps=rc.warmup.steps, batch_size=rc.warmup.batch_size,
+                           learning_rate=rc.warmup.learning_rate, seq_len=rc.loop.seq_len)
 
 
 def run(rc: recipe_lib.RecipeConfig, params):

@@ -8,8 +8,7 @@ engines), `wire` (exact JSON encoding of requests for checkpoints), `clock` (`Cl
 Wings:
 - `engine/` (JAX): `Engine(model_config, params, EngineConfig(...), version)`: continuous
   batching over fixed slots, shared-prompt prefill, token streaming, resumable requests, abort,
-  weight swap; `slots` (the jitted device functions); `InProcessRollout` (one engine as a
-  RolloutClient, no manager: tests and small scripts).
+  weight swap; `slots` (the jitted device functions).
 - `workers/`: the plain-data worker protocol (`Commands` in, `WorkerReport` out, `WorkerLost`;
   numpy only), `WorkerServer` / `InProcessWorker` (engine side), `ThreadWorker` (engines of this
   process on threads of their own), Ray actors in `workers.ray` (imports Ray).
@@ -35,7 +34,7 @@ _NAMES = {
     "RolloutSession": "jaxrl_sys.rollout.types",
     "TokenChunk": "jaxrl_sys.rollout.types", "request_key": "jaxrl_sys.rollout.types",
     "Engine": "jaxrl_sys.rollout.engine", "EngineConfig": "jaxrl_sys.rollout.engine",
-    "EngineStats": "jaxrl_sys.rollout.engine", "InProcessRollout": "jaxrl_sys.rollout.engine",
+    "EngineStats": "jaxrl_sys.rollout.engine",
     "Commands": "jaxrl_sys.rollout.workers", "InProcessWorker": "jaxrl_sys.rollout.workers",
     "ThreadWorker": "jaxrl_sys.rollout.workers", "Worker": "jaxrl_sys.rollout.workers",
     "WorkerLost": "jaxrl_sys.rollout.workers", "WorkerReport": "jaxrl_sys.rollout.workers",

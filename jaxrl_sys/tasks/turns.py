@@ -96,15 +96,15 @@ class ChatTemplateFormat:
   """Turn glue derived from an HF tokenizer's chat template (see the module docstring).
 
   Args:
-    tokenizer: a `models.HFTokenizer` (or anything with `encode(text)`,
-      `decode(ids, skip_special_tokens=)`, `apply_chat_template(messages,
-      add_generation_prompt=)`, `eos_token_ids`), or an `HFTaskTokenizer` (its `hf`).
+    tokenizer: a `models.HFTokenizer` (or anything with `encode(text)`, `decode(ids,
+      stop_at_eos=, skip_special_tokens=)`, `apply_chat_template(messages,
+      add_generation_prompt=)` and `eos_token_ids`).
     tool_role: the role of observation messages ("tool"; some templates use "user").
     system: a system message placed before the first user message (None: none).
   """
 
   def __init__(self, tokenizer: Any, tool_role: str = "tool", system: str | None = None):
-    self.tok = getattr(tokenizer, "hf", tokenizer)
+    self.tok = tokenizer
     self.tool_role = tool_role
     self._head = [{"role": "system", "content": system}] if system is not None else []
     self._derive()
@@ -139,7 +139,7 @@ class ChatTemplateFormat:
     if not ids:
       raise TemplateMismatchError("the chat template closes an assistant turn with nothing: "
                                   "no end-of-turn token to stop on")
-    stop = self.tok.decode(ids[:1], skip_special_tokens=False)
+    stop = self._text(ids[:1])
     if not mid.startswith(stop):
       raise TemplateMismatchError(f"the chat template ends an assistant turn followed by a tool "
                                   f"result without its end-of-turn token {stop!r}")
@@ -179,7 +179,10 @@ class ChatTemplateFormat:
     ids = [int(i) for i in sampled]
     while ids and ids[-1] in self.stop_ids:
       ids.pop()
-    return self.tok.decode(ids, skip_special_tokens=False)
+    return self._text(ids)
+
+  def _text(self, ids: Sequence[int]) -> str:
+    return self.tok.decode(list(ids), stop_at_eos=False, skip_special_tokens=False)
 
   # ----- the self-check ------------------------------------------------------------------------
   def check(self, conversation: Sequence[dict] | None = None) -> None:
@@ -216,10 +219,10 @@ class ChatTemplateFormat:
   def _describe(self, ids: list[int], i: int) -> str:
     if i >= len(ids):
       return "<end of sequence>"
-    return f"id {ids[i]} {self.tok.decode([ids[i]], skip_special_tokens=False)!r}"
+    return f"id {ids[i]} {self._text([ids[i]])!r}"
 
   def _context(self, ids: list[int], i: int) -> str:
-    return repr(self.tok.decode(ids[max(i - 8, 0):i], skip_special_tokens=False))
+    return repr(self._text(ids[max(i - 8, 0):i]))
 
 
 SAMPLE_CONVERSATION = (
@@ -253,31 +256,8 @@ def _first_text_diff(a: str, b: str) -> str:
 
 
 def turn_format(tokenizer, **kwargs) -> TurnFormat:
-  """`ChatTemplateFormat` for a tokenizer with a chat template in use (`uses_chat_template`,
-  or an HF tokenizer with one), `PlainFormat` otherwise."""
-  hf = getattr(tokenizer, "hf", None)
-  if hf is not None and getattr(tokenizer, "uses_chat_template", False):
-    return ChatTemplateFormat(hf, **kwargs)
-  if hf is None and getattr(tokenizer, "chat_template", None) and not hasattr(tokenizer, "eos_id"):
+  """`ChatTemplateFormat` for a tokenizer whose chat template is in use (`uses_chat_template`:
+  a Hugging Face model's, unless `--nochat_template`), `PlainFormat` otherwise."""
+  if getattr(tokenizer, "uses_chat_template", False):
     return ChatTemplateFormat(tokenizer, **kwargs)
   return PlainFormat(tokenizer, **kwargs)
-
-
-def demonstration_ids(fmt: TurnFormat, pieces: Sequence[tuple[str, bool]]
-                      ) -> tuple[list[int], list[int]]:
-  """An expert episode `[(text, is_policy_turn), ...]` (the first piece: the prompt) as the ids
-  an episode driver would build and a 0/1 mask of the policy's tokens (its turns' text and stop
-  token; not the prompt, the observations or the glue)."""
-  ids, mask = [], []
-  for j, (text, policy) in enumerate(pieces):
-    if j == 0:
-      part, m = fmt.prompt(text), None
-    elif policy:
-      turn = fmt.encode(text) + [fmt.stop_ids[0]]
-      glue = fmt.close_turn(turn)
-      part, m = turn + glue, [1] * len(turn) + [0] * len(glue)
-    else:
-      part, m = fmt.observation([text]), None
-    ids += part
-    mask += m if m is not None else [0] * len(part)
-  return ids, mask

@@ -1,4 +1,5 @@
-"""Trainer, in four sub-packages; imports run recipe -> loop -> dist -> step (docs/architecture.md).
+"""Trainer, in four sub-packages; imports run recipe -> loop -> multihost -> step (see
+docs/architecture.md).
 
 `step/`, the pure core:
 - `TrainState(step, params, opt_state, ref_params, moe_state, rng)`, `init_train_state`,
@@ -27,9 +28,9 @@
 - `RolloutBuffer`: in-flight groups and partial requests, serialised as arrays + JSON.
 - `supervised_warmup`, `evaluate`, `PeriodicEval`, `MetricsLogger`, `Progress`, `plot_history`.
 
-`dist/`, process-group plumbing (several JAX processes): joining the job
-(`dist.job.initialize`, `DistributedConfig`, the watchdog) and the collectives
-(`dist.multihost`).
+`multihost/`, process-group plumbing (several JAX processes): joining the job
+(`multihost.job.initialize`, `DistributedConfig`, the watchdog) and the collectives and each
+process's view of a mesh (`multihost.collectives`).
 
 `recipe/`, the composition root:
 - `RunConfig`: every run setting, one documented field of one section; the flags of

@@ -55,7 +55,7 @@ class PrecisionConfig:
                           ("rollout_dtype", DTYPES + (AUTO,)), ("accum_dtype", ("float32",)),
                           ("export_dtype", DTYPES + (None,))):
       if getattr(self, name) not in allowed:
-        raise ValueError(f"--{name}={getattr(self, name)!r}: use one of {list(allowed)}")
+        raise ValueError(f"precision.{name}={getattr(self, name)!r}: use one of {list(allowed)}")
 
   def resolve(self, backend: str | None = None) -> "PrecisionConfig":
     """The policy with "auto" replaced for `backend` (a platform name; default: JAX's

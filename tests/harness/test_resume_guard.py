@@ -60,7 +60,7 @@ def test_nothing_to_resume_says_so_and_resume_message_comes_first(tmp_path, caps
   out = str(tmp_path / "run")
   result = _run(resume=True, steps=1, out_dir=out)
   err = capsys.readouterr().err
-  assert "nothing to resume" in err and result.resumed_from is None
+  assert "nothing to resume" in err and result.run.resumed_from is None
   # corrupt the newest checkpoint of a 2-step run: the fallback is announced before step 3
   out2 = str(tmp_path / "run2")
   _run(steps=2, out_dir=out2)
@@ -73,7 +73,7 @@ def test_nothing_to_resume_says_so_and_resume_message_comes_first(tmp_path, caps
   seen = []
   rec.task.metrics_hook = lambda step, state, row: seen.append(capsys.readouterr().err)
   result = recipe_lib.run_recipe(rec, resume=True)
-  assert result.resumed_from == 1 and len(result.history) == 2
+  assert result.run.resumed_from == 1 and len(result.run.history) == 2
   assert "checkpoint at step 2 is unreadable" in seen[0] and "resumed from step 1" in seen[0]
   assert any(d.startswith("corrupt_2") for d in os.listdir(ck))
 

@@ -27,10 +27,10 @@ def test_self_check_passes_on_qwen_style_templates(tokenizers, name):
   # An episode's pieces, by hand: the prompt render, the turn's ids, <|im_end|>\n, then the
   # tool turn up to the next generation prompt.
   ids = fmt.observation(["84"])
-  assert tok.decode(ids, skip_special_tokens=False) == (
+  assert tok.decode(ids, stop_at_eos=False, skip_special_tokens=False) == (
       "<|im_start|>user\n<tool_response>\n84\n</tool_response><|im_end|>\n"
       "<|im_start|>assistant\n")
-  two = tok.decode(fmt.observation(["1", "2"]), skip_special_tokens=False)
+  two = tok.decode(fmt.observation(["1", "2"]), stop_at_eos=False, skip_special_tokens=False)
   assert "1\n</tool_response>\n<tool_response>\n2\n</tool_response><|im_end|>" in two
   assert fmt.close_turn(tok.encode("hi") + im_end) == fmt.glue_ids
   assert fmt.close_turn(tok.encode("hi")) == im_end + fmt.glue_ids  # budget ran out
@@ -49,7 +49,7 @@ def test_self_check_names_the_first_differing_token(tokenizers):
   assert expected is not None
   with pytest.raises(TemplateMismatchError) as e:
     fmt.check()
-  shown = tok.decode([full[expected]], skip_special_tokens=False)
+  shown = tok.decode([full[expected]], stop_at_eos=False, skip_special_tokens=False)
   assert f"differ at token {expected}: id {full[expected]} {shown!r}" in str(e.value)
 
 

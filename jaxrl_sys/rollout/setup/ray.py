@@ -20,8 +20,8 @@ def check_ray_resources(setup: RolloutSetup) -> None:
   would wait for resources forever)."""
   from jaxrl_sys.rollout.workers.ray import import_ray  # pylint: disable=import-outside-toplevel
   have = import_ray().cluster_resources()
-  for key, want, flag in (("CPU", setup.worker_cpus, "--worker_cpus"),
-                          ("GPU", setup.worker_gpus, "--worker_gpus")):
+  for key, want, flag in (("CPU", setup.worker_cpus, "rollout.worker_cpus"),
+                          ("GPU", setup.worker_gpus, "rollout.worker_gpus")):
     if want > have.get(key, 0.0):
       raise ValueError(
           f"each Ray rollout worker asks for {key}={want:g} but the Ray cluster has "

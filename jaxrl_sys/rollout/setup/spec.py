@@ -73,38 +73,40 @@ class RolloutSetup:
 
   def __post_init__(self):
     if self.rollout not in ROLLOUTS:
-      raise ValueError(f"unknown --rollout {self.rollout!r}; choose one of {ROLLOUTS}")
+      raise ValueError(f"unknown rollout.rollout {self.rollout!r}; choose one of {ROLLOUTS}")
     if self.rollout == "ray" and self.num_workers < 1:
-      raise ValueError(f"--rollout=ray needs --num_workers >= 1, got {self.num_workers}")
+      raise ValueError(f"rollout.rollout=ray needs rollout.num_workers >= 1, got "
+                       f"{self.num_workers}")
     if self.rollout == "local" and (self.preempt_trace or self.chaos_kill_every
                                     or self.offload != "off"):
-      raise ValueError("--preempt_trace, --chaos_kill_every and --offload act on Ray workers: "
-                       "use them with --rollout=ray")
+      raise ValueError("rollout.preempt_trace, rollout.chaos_kill_every and rollout.offload act "
+                       "on Ray workers: use them with rollout.rollout=ray")
     if self.preempt_trace and self.chaos_kill_every:
-      raise ValueError("use either --preempt_trace or --chaos_kill_every, not both")
+      raise ValueError("use either rollout.preempt_trace or rollout.chaos_kill_every, not both")
     if self.preempt_trace and not os.path.isfile(self.preempt_trace):
-      raise ValueError(f"--preempt_trace={self.preempt_trace}: no such file")
+      raise ValueError(f"rollout.preempt_trace={self.preempt_trace}: no such file")
     if self.preempt_trace:  # parsed and checked here, before Ray or any worker starts
       try:
         trace = load_trace(self.preempt_trace)
       except ValueError as err:
-        raise ValueError(f"--preempt_trace: {err}") from None
+        raise ValueError(f"rollout.preempt_trace: {err}") from None
       if trace.max_live() == 0:
-        raise ValueError(f"--preempt_trace={self.preempt_trace}: the trace never makes an "
+        raise ValueError(f"rollout.preempt_trace={self.preempt_trace}: the trace never makes an "
                          "instance available, so no rollout worker would ever start")
     if self.max_request_failures < 0:
-      raise ValueError(f"--rollout.max_request_failures must be >= 0, got "
+      raise ValueError(f"rollout.max_request_failures must be >= 0, got "
                        f"{self.max_request_failures}")
     if self.chaos_kill_every < 0 or not 0 < self.trace_sample <= 1:
-      raise ValueError("--chaos_kill_every must be >= 0 and --trace_sample in (0, 1]")
+      raise ValueError("rollout.chaos_kill_every must be >= 0 and rollout.trace_sample in (0, 1]")
     self.offload_config()  # validates
     if self.rollout == "local" and self.weight_store not in (None, "memory"):
-      raise ValueError(f"--weight_store={self.weight_store} is for Ray workers; the local rollout "
-                       "shares the trainer's weights in memory: drop --weight_store, or use "
-                       "--rollout=ray")
+      raise ValueError(f"rollout.weight_store={self.weight_store} is for Ray workers; the local "
+                       "rollout shares the trainer's weights in memory: drop "
+                       "rollout.weight_store, or use rollout.rollout=ray")
     if self.rollout == "ray" and self.weight_store == "memory":
-      raise ValueError("--weight_store=memory only serves in-process workers; use "
-                       "--weight_store=ray or --weight_store=tensorstore:PATH with --rollout=ray")
+      raise ValueError("rollout.weight_store=memory only serves in-process workers; use "
+                       "rollout.weight_store=ray or rollout.weight_store=tensorstore:PATH with "
+                       "rollout.rollout=ray")
 
   def offload_config(self) -> OffloadConfig | None:
     """The controller's config, or None when offload is off."""
@@ -117,8 +119,8 @@ class RolloutSetup:
     except ValueError:
       fixed = -1.0
     if fixed < 0:
-      raise ValueError(f"--offload={self.offload!r}: use off, adaptive or a window in seconds "
-                       ">= 0 (0 = offload everything)")
+      raise ValueError(f"rollout.offload={self.offload!r}: use off, adaptive or a window in "
+                       "seconds >= 0 (0 = offload everything)")
     return OffloadConfig(fixed=fixed)
 
   def manager_config(self) -> ManagerConfig:
@@ -132,18 +134,19 @@ class ClientOptions:
   """How a client's workers start: what the run derives, not a setting of `RolloutSetup`.
 
   Attributes:
-    local_workers: in-process engines (>= 1): one `InProcessWorker`, or that many
-      `ThreadWorker`s splitting the decode slots (`rollout.setup.local`).
+    local_workers: in-process engines: one `InProcessWorker`, or that many `ThreadWorker`s
+      splitting the decode slots (`rollout.setup.local`); 0 = auto (`local_worker_count`).
     warmup: compile every prefill / decode shape of the in-process engines before the first
       request (no compilation stalls mid-run; a slower start). Ray workers always warm up.
     seed: seeds the Ray fleet's chaos schedule and trace sampling.
     compile_cache: the persistent compilation cache directory Ray workers use (None: none).
   """
-  local_workers: int = 1
+  local_workers: int = 0
   warmup: bool = False
   seed: int = 0
   compile_cache: str | None = None
 
   def __post_init__(self):
-    if self.local_workers < 1:
-      raise ValueError(f"ClientOptions.local_workers must be >= 1, got {self.local_workers}")
+    if self.local_workers < 0:
+      raise ValueError(f"ClientOptions.local_workers must be >= 0 (0 = auto), got "
+                       f"{self.local_workers}")

@@ -15,7 +15,6 @@ from typing import Sequence
 
 from jaxrl_sys.models import ModelConfig, SamplingConfig
 from jaxrl_sys.rollout.engine.config import EngineConfig
-from jaxrl_sys.rollout.setup.local import local_worker_count
 from jaxrl_sys.sharding import MeshSpec
 from jaxrl_sys.train.loop.config import LoopConfig, check_lengths, extra_groups
 from jaxrl_sys.train.precision import PrecisionConfig
@@ -58,11 +57,11 @@ class RunPlan:
     samples_per_group: S, completions per prompt (G, or G + 1 with MC-GRPO's median pivot).
     row_granule: the step between packed row lengths (`batch.row_granule`).
     inflight_groups: groups in flight at most (admission budget plus over-provisioning).
-    engine: the training rollout's engines (slots for every in-flight sample).
-    local_workers: in-process engines of the training rollout (they split the slots).
+    engine: the training rollout's engines (slots for every in-flight sample); its
+      `sampling` is the run's one sampling section: the engines sample at its temperature and
+      the step computes its log-probs at it.
     eval_samples: completions per held-out problem of an evaluation.
     eval_engine: the evaluation rollout's engines (`eval_samples` per group).
-    eval_local_workers: in-process engines of the evaluation rollout.
     mesh: the training mesh's shape.
     processes: JAX processes of the run (each builds its rows of every batch when > 1).
   """
@@ -75,10 +74,8 @@ class RunPlan:
   row_granule: int
   inflight_groups: int
   engine: EngineConfig
-  local_workers: int
   eval_samples: int
   eval_engine: EngineConfig
-  eval_local_workers: int
   mesh: MeshSpec | None = None
   processes: int = 1
 
@@ -98,25 +95,17 @@ class RunPlan:
 
     Raises:
       ValueError: the prompt bucket plus the response budget exceed the model's context;
-        the step's temperature differs from the sampling temperature; `precision` has "auto"
-        dtypes; a layout of several processes with settings it cannot split
-        (`check_processes`).
+        `precision` has "auto" dtypes; a layout of several processes with settings it cannot
+        split (`check_processes`).
     """
     check_lengths(model.max_seq_len, loop)
-    if train.temperature != loop.temperature:
-      raise ValueError(f"TrainConfig.temperature={train.temperature} must equal the sampling "
-                       f"temperature loop.temperature={loop.temperature}")
     samples = loop.group_size + int(train.advantage.baseline == "median")
-    engine = engine_config(loop, samples, eos_id)
-    eval_engine = engine_config(loop, eval_samples, eos_id)
     plan = cls(train=train, loop=loop, precision=precision,
                train_model=precision.train_model(model),
                rollout_model=precision.rollout_model(precision.train_model(model)),
                samples_per_group=samples, row_granule=batch_lib.row_granule(loop.max_prompt_len),
-               inflight_groups=inflight_groups(loop), engine=engine,
-               local_workers=local_worker_count(loop.local_workers, engine.num_slots),
-               eval_samples=eval_samples, eval_engine=eval_engine,
-               eval_local_workers=local_worker_count(loop.local_workers, eval_engine.num_slots),
+               inflight_groups=inflight_groups(loop), engine=engine_config(loop, samples, eos_id),
+               eval_samples=eval_samples, eval_engine=engine_config(loop, eval_samples, eos_id),
                mesh=mesh, processes=processes)
     plan.check_processes()
     return plan

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.types import RolloutSession
 from jaxrl_sys.rollout.wire import request_to_json
-from jaxrl_sys.train.dist import multihost
+from jaxrl_sys.train.multihost import collectives as multihost
 from jaxrl_sys.train.loop.buffer import RolloutBuffer
 from jaxrl_sys.train.loop.checkpoint import Checkpointer, CheckpointsUnreadable
 from jaxrl_sys.train.loop.config import CheckpointConfig
@@ -280,11 +280,8 @@ class RLLoop:
   # ----- the loop ----------------------------------------------------------------------------
   def run(self) -> RunResult:
     """Runs until `state.step == loop.steps` or a stop request; returns the final state."""
-    self.signals.install()
-    try:
+    with self.signals.installed():
       return self._run()
-    finally:
-      self.signals.restore()
 
   def _run(self) -> RunResult:
     try:

@@ -55,13 +55,18 @@ from jaxrl_sys.train.step.programs import train_programs
 TASK_DEFAULTS = {"arithmetic": ("num_digits=1,ops=+", 8, 4), "countdown": ("", 16, 8),
                  "calculator": ("", 16, 64), "search": ("", 32, 96)}
 PRESET_SFT_STEPS = 60
-# Identity of a run for `--resume` (CheckpointConfig.identity): what is trained, and on what
-# (short setting names, as checkpoints written before the config tree recorded them).
-IDENTITY_KEYS = ("model", "algo", "task", "task_args", "reward", "group_size",
-                 "prompts_per_step", "mode", "max_staleness", "max_new_tokens", "max_prompt_len",
-                 "temperature", "kl_coef", "seed", "chat_template", "oversample",
-                 "skip_nonfinite", "param_dtype", "compute_dtype", "rollout_dtype",
-                 "behav_weight_cap")
+# Identity of a run for `--resume` (CheckpointConfig.identity): what is trained, and on what;
+# recorded under short keys, as checkpoints written before the config tree recorded them.
+IDENTITY = {
+    "model": "model.name", "algo": "train.algo", "task": "task.name", "task_args": "task.args",
+    "reward": "task.reward", "group_size": "loop.group_size",
+    "prompts_per_step": "loop.prompts_per_step", "mode": "loop.mode",
+    "max_staleness": "loop.max_staleness", "max_new_tokens": "loop.max_new_tokens",
+    "max_prompt_len": "loop.max_prompt_len", "temperature": "loop.temperature",
+    "kl_coef": "train.kl_coef", "seed": "loop.seed", "chat_template": "model.chat_template",
+    "oversample": "loop.oversample", "skip_nonfinite": "optim.skip_nonfinite",
+    "param_dtype": "precision.param_dtype", "compute_dtype": "precision.compute_dtype",
+    "rollout_dtype": "precision.rollout_dtype", "behav_weight_cap": "train.behav_weight_cap"}
 
 
 def parse_task_args(text: str) -> dict[str, Any]:
@@ -167,7 +172,7 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
       prompt longer than the context, unknown model or task, missing model files, a reward
       that cannot be imported, out-of-range numbers, output paths that are files).
   """
-  rc = rc.run_config() if hasattr(rc, "run_config") else rc
+  rc = rc.run_config() if isinstance(rc, RecipeConfig) else rc
   spec = parse_mesh(rc.distributed.mesh)
   precision = rc.precision.resolve()  # "auto" -> this backend's dtypes, recorded as resolved
   rc = dataclasses.replace(rc, precision=precision)
@@ -240,7 +245,7 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
     plan = dataclasses.replace(plan, engine=dataclasses.replace(plan.engine, **engine),
                                eval_engine=dataclasses.replace(plan.eval_engine, **engine))
   encode_prompt(model.tokenizer, task.problem(0).prompt, rc.loop.max_prompt_len)  # fail early
-  identity = {k: rc.get(k) for k in IDENTITY_KEYS}
+  identity = {key: rc.get(path) for key, path in IDENTITY.items()}
   identity.update(kl_coef=plan.train.loss.kl_coef,
                   eval_split=n_eval if dataset and rc.eval.every else 0)
   if env_factory is not None:
@@ -299,7 +304,8 @@ def rollout_session(recipe: Recipe, *, warmup: bool = False, clock: Clock = WALL
     clock: the session's time source.
   """
   plan = recipe.plan
-  options = ClientOptions(local_workers=plan.local_workers, warmup=warmup, seed=plan.loop.seed,
+  options = ClientOptions(local_workers=plan.loop.local_workers, warmup=warmup,
+                          seed=plan.loop.seed,
                           compile_cache=jax.config.jax_compilation_cache_dir or None)
   session = make_client(recipe.rollout, plan.rollout_model, plan.engine, options=options,
                         clock=clock)
@@ -311,7 +317,7 @@ def eval_session(recipe: Recipe) -> RolloutSession:
   problem, running the policy in its training dtypes; the caller closes it."""
   plan = recipe.plan
   session = make_client(_IN_PROCESS, plan.train_model, plan.eval_engine,
-                        options=ClientOptions(local_workers=plan.eval_local_workers))
+                        options=ClientOptions(local_workers=plan.loop.local_workers))
   return agent_driver(recipe, session, check_template=False) if recipe.agentic else session
 
 
@@ -323,7 +329,7 @@ def make_loop(recipe: Recipe, mesh: jax.sharding.Mesh, client: RolloutSession,
   step_hooks, resumables)."""
   plan = recipe.plan
   programs = train_programs(plan.train_model, plan.train, plan.precision.param_dtype, mesh,
-                            DEFAULT_RULES)
+                            DEFAULT_RULES, plan.engine.sampling)
   return RLLoop(plan, programs, client, recipe.task, recipe.model.tokenizer, **kwargs)
 
 

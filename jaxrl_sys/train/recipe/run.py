@@ -22,7 +22,7 @@ from jaxrl_sys.models import init_params
 from jaxrl_sys.rollout.clock import WALL
 from jaxrl_sys.sharding import MeshSpec, make_mesh
 from jaxrl_sys.tasks import CountingTask
-from jaxrl_sys.train.dist import multihost
+from jaxrl_sys.train.multihost import collectives as multihost
 from jaxrl_sys.train.loop.guard import DivergenceError
 from jaxrl_sys.train.loop.metrics_log import Progress, plot_history
 from jaxrl_sys.train.loop.periodic_eval import PeriodicEval
@@ -42,9 +42,12 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
-class RecipeResult(RunResult):
-  """`RunResult` plus where the outputs went: run_dir (None without out_dir), outputs (one
-  line per artefact), notes (end-of-run remarks such as reward failures)."""
+class RecipeResult:
+  """A recipe's run: `run`, the loop's `RunResult` (final state, metrics history, whether it
+  was preempted, the step it resumed from, the stop signal), and where the outputs went:
+  run_dir (None without out_dir), outputs (one line per artefact), notes (end-of-run remarks
+  such as reward failures)."""
+  run: RunResult
   run_dir: str | None = None
   outputs: list[str] = dataclasses.field(default_factory=list)
   notes: list[str] = dataclasses.field(default_factory=list)
@@ -169,6 +172,11 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
   hooks = [recipe.task.metrics_hook] if isinstance(recipe.task, CountingTask) else []
   hooks += config_hooks
   sessions = [rollout_session(recipe)]  # built once here, closed once below
+
+  def close_sessions():
+    while sessions:
+      sessions.pop().close()
+
   try:
     resumables = {}
     offload = recipe.rollout.offload_config()
@@ -186,16 +194,20 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
     loop = make_loop(recipe, mesh, sessions[0], init_params=init, checkpoint=ckpt,
                      resume=resume, out_dir=run_dir, progress=progress, step_hooks=hooks,
                      resumables=resumables)
-    result = loop.run()
+    # The run's signal handlers stay while its rollout workers shut down: a Ctrl-C then is the
+    # run's second SIGINT, never a KeyboardInterrupt inside a thread join or a GC callback.
+    with loop.signals.installed():
+      try:
+        result = loop.run()
+      finally:
+        close_sessions()
   except DivergenceError:
     if run_dir and main:
       _plot(recipe, run_dir, [])
     raise
   finally:
-    for session in sessions:
-      session.close()
-  out = RecipeResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(RunResult)},
-                     run_dir=run_dir)
+    close_sessions()
+  out = RecipeResult(result, run_dir=run_dir)
   summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
   out.notes += recipe.notes + ([summary] if summary else [])
   params = result.state.params

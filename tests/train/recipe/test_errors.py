@@ -8,13 +8,13 @@ from tests.train.common import quick
 
 @pytest.mark.parametrize("kw,message", [
     (dict(mesh="8x"), "bad mesh string '8x'"),
-    (dict(algo="reinforce"), "unknown --algo 'reinforce'"),
-    (dict(group_size=1), "--group_size=1 with --algo=grpo"),
+    (dict(algo="reinforce"), "unknown train.algo 'reinforce'"),
+    (dict(group_size=1), "loop.group_size=1 with train.algo=grpo"),
     (dict(max_prompt_len=3), "prompt longer than the context"),
     (dict(model="no/such/dir"), "unknown model"),
     (dict(task="chess"), "unknown task 'chess'"),
-    (dict(mode="sometimes"), "unknown mode 'sometimes'"),
-    (dict(mode="sync", max_staleness=2), "needs mode='async'"),
+    (dict(mode="sometimes"), "unknown loop.mode 'sometimes'"),
+    (dict(mode="sync", max_staleness=2), "needs loop.mode='async'"),
 ])
 def test_build_recipe_errors(kw, message):
   with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):

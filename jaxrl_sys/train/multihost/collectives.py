@@ -34,7 +34,7 @@ def is_main() -> bool:
 # (process 1 compiles what process 0 loads from the persistent cache, whose keys include the
 # local devices and which only process 0 writes). So every collective is preceded by a
 # coordination-service barrier, which waits as long as it takes (a lost peer is the
-# watchdog's: `train.dist.job.Watchdog`), and a program is compiled before that barrier.
+# watchdog's: `train.multihost.job.Watchdog`), and a program is compiled before that barrier.
 BARRIER_TIMEOUT_S = 3600
 _barriers = [0]
 
@@ -64,7 +64,7 @@ def allgather(x: np.ndarray) -> np.ndarray:
   collective)."""
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
   sync("allgather")
-  return np.asarray(multihost_utils.processallgather(np.asarray(x), tiled=False))
+  return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=False))
 
 
 def agree_any(flag: bool) -> bool:
@@ -123,7 +123,7 @@ def gather_to_host(tree: Any) -> Any:
   def get(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
       sync("gather")
-      return np.asarray(multihost_utils.processallgather(x, tiled=True))
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))
   return jax.tree.map(get, tree)
 

@@ -3,8 +3,8 @@ runs on an in-memory key-value store with an injected clock)."""
 import pytest
 
 from experiments import grpo
-from jaxrl_sys.train.dist import job
-from jaxrl_sys.train.dist.job import DistributedConfig, Watchdog, parse_device_ids
+from jaxrl_sys.train.multihost import job
+from jaxrl_sys.train.multihost.job import DistributedConfig, Watchdog, parse_device_ids
 from jaxrl_sys.train.recipe import RecipeConfig, config_file
 from jaxrl_sys.train.recipe.run_config import RunConfig
 
@@ -15,16 +15,16 @@ SLURM = {"SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "gpu[01-04]", "SLURM_NTASK
 def test_config_defaults_are_single_process_and_bad_values_are_named():
   assert not DistributedConfig().explicit
   assert DistributedConfig(num_processes=2, process_id=1, coordinator_address="h:1").explicit
-  with pytest.raises(ValueError, match="--process_id=2 must lie in"):
+  with pytest.raises(ValueError, match="distributed.process_id=2 must lie in"):
     DistributedConfig(num_processes=2, process_id=2, coordinator_address="h:1")
-  with pytest.raises(ValueError, match="needs --coordinator_address"):
+  with pytest.raises(ValueError, match="needs distributed.coordinator_address"):
     DistributedConfig(num_processes=2, process_id=0)
-  with pytest.raises(ValueError, match="--distributed_timeout=0"):
+  with pytest.raises(ValueError, match="distributed.timeout=0"):
     DistributedConfig(timeout=0)
   assert parse_device_ids("0, 1,2") == (0, 1, 2) and parse_device_ids(None) is None
-  with pytest.raises(ValueError, match="--local_device_ids='a'"):
+  with pytest.raises(ValueError, match="distributed.local_device_ids='a'"):
     parse_device_ids("a")
-  with pytest.raises(ValueError, match="--local_device_ids='0,x'"):
+  with pytest.raises(ValueError, match="distributed.local_device_ids='0,x'"):
     DistributedConfig(local_device_ids="0,x")
   rc = RecipeConfig(mesh="2x4", num_processes=2, process_id=1, coordinator_address="h:1",
                     local_device_ids="3", distributed_timeout=9)
@@ -40,8 +40,8 @@ def test_placement_settings_are_flags_of_the_tree_but_not_in_config_json():
                                                                   DistributedConfig)
   rc = RunConfig().replace(mesh="2x4", coordinator_address="h:1", num_processes=2,
                            process_id=0, local_device_ids="0", distributed_timeout=30)
-  assert isinstance(rc.distributed, DistributedConfig) and rc.distributed_timeout == 30
-  assert rc.get("distributed.timeout") == 30 and rc.num_processes == 2
+  assert isinstance(rc.distributed, DistributedConfig) and rc.distributed.timeout == 30
+  assert rc.get("distributed_timeout") == 30 and rc.distributed.num_processes == 2
   written = config_file.reproducible(rc)
   assert written["distributed"] == {"mesh": "2x4"}
   assert written == config_file.reproducible(RunConfig().replace(mesh="2x4"))
