@@ -31,8 +31,7 @@ import numpy as np
 from benchmarks.common import print_table, write_json
 from jaxrl_sys import models
 from jaxrl_sys.agents import AgentConfig, EpisodeDriver
-from jaxrl_sys.rollout import (EngineConfig, InProcessRollout, InProcessWorker, ManagerConfig,
-                               RolloutManager)
+from jaxrl_sys.rollout import EngineConfig, InProcessWorker, ManagerConfig, RolloutManager
 from jaxrl_sys.tasks import CharTokenizer, SearchEnv, SearchTask, Tool
 from jaxrl_sys.tasks.env import EnvStep
 from jaxrl_sys.tasks.turns import PlainFormat
@@ -86,21 +85,30 @@ class EpisodeTask:
     return type(p)(p.prompt, p.answer, dict(p.meta, episode=i))
 
 
-class TimedEngine:
-  """Counts the wall time an in-process engine spends in steps with work (busy time)."""
+def session(model, params, ec) -> tuple[RolloutManager, "TimedWorker"]:
+  """The embedded rollout session (a manager over one in-process engine) and its timer."""
+  worker = InProcessWorker("local-0", model, ec)
+  m = RolloutManager([worker])
+  m.publish(params, 0)
+  return m, TimedWorker(worker)
 
-  def __init__(self, engine):
-    self.engine, self.busy = engine, 0.0
-    step = engine.step
+
+class TimedWorker:
+  """Counts the wall time an in-process worker's engine spends in steps with work."""
+
+  def __init__(self, worker):
+    self.busy = 0.0
+    server = worker.server
+    step = server.step
 
     def timed():
-      if not engine.has_work():
+      if not server.has_work():
         return step()
       t0 = time.perf_counter()
       out = step()
       self.busy += time.perf_counter() - t0
       return out
-    engine.step = timed
+    server.step = timed
 
 
 def engine_config(slots=64, **kw):
@@ -120,8 +128,7 @@ def requests():
 
 
 def run_episodes(params, kind: str, barrier: bool) -> dict:
-  client = InProcessRollout.create(CFG, params, engine_config())
-  timer = TimedEngine(client.engine)
+  client, timer = session(CFG, params, engine_config())
   driver = EpisodeDriver(client, lambda: ToolLatencyEnv(kind), EpisodeTask(), PlainFormat(TOK),
                          AgentConfig(max_turns=TURNS, max_turn_tokens=TURN_TOKENS,
                                      turn_barrier=barrier, prefetch=False, env_workers=64,
@@ -179,7 +186,7 @@ def prefetch(quick: bool) -> list[dict]:
                       decode_row_buckets=(64,), decode_len_buckets=(80,), stream_every=4,
                       extend_prefixes=True,
                       sampling=models.SamplingConfig(temperature=1.0, stop_tokens=(TOK.eos_id,)))
-    client = InProcessRollout.create(mc, params, ec)
+    client, _ = session(mc, params, ec)
     driver = EpisodeDriver(client, SlowSearchEnv, TASK, PlainFormat(TOK),
                            AgentConfig(max_turns=3, prefetch=bool(on), tool_workers=64,
                                        check_template=False))

@@ -3,7 +3,7 @@
 The driver is a rollout client towards the training loop (`submit` the loop's requests, one per
 episode; `poll` finished episodes; `abort`; `snapshot`; `publish`) and a client of a rollout
 session towards the engines (the `RolloutManager` over in-process, thread or Ray workers, or an
-`InProcessRollout`). An episode alternates:
+its default embedded form). An episode alternates:
 
   generate turn t   the turn's request (prompt = episode prompt + every token so far) is
                     submitted; the engines stream its tokens;

@@ -261,3 +261,23 @@ def turn_format(tokenizer, **kwargs) -> TurnFormat:
   if getattr(tokenizer, "uses_chat_template", False):
     return ChatTemplateFormat(tokenizer, **kwargs)
   return PlainFormat(tokenizer, **kwargs)
+
+
+def demonstration_ids(fmt: TurnFormat, pieces: Sequence[tuple[str, bool]]
+                      ) -> tuple[list[int], list[int]]:
+  """An expert episode `[(text, is_policy_turn), ...]` (the first piece: the prompt) as the ids
+  an episode driver would build and a 0/1 mask of the policy's tokens (its turns' text and stop
+  token; not the prompt, the observations or the glue)."""
+  ids, mask = [], []
+  for j, (text, policy) in enumerate(pieces):
+    if j == 0:
+      part, m = fmt.prompt(text), None
+    elif policy:
+      turn = fmt.encode(text) + [fmt.stop_ids[0]]
+      glue = fmt.close_turn(turn)
+      part, m = turn + glue, [1] * len(turn) + [0] * len(glue)
+    else:
+      part, m = fmt.observation([text]), None
+    ids += part
+    mask += m if m is not None else [0] * len(part)
+  return ids, mask

@@ -6,7 +6,7 @@ import functools
 import jax
 
 from jaxrl_sys import models
-from jaxrl_sys.rollout import EngineConfig
+from jaxrl_sys.rollout import EngineConfig, InProcessWorker, RolloutManager
 from jaxrl_sys.tasks import CharTokenizer, SearchTask
 from jaxrl_sys.tasks.env import EnvStep
 from jaxrl_sys.train.recipe.presets import MATH_CHARS
@@ -32,6 +32,13 @@ def engine_config(**kw) -> EngineConfig:
 @functools.lru_cache(maxsize=None)
 def params(seed: int = 0):
   return models.init_params(CFG, jax.random.PRNGKey(seed))
+
+
+def session(**engine_kw) -> RolloutManager:
+  """The embedded rollout session: a manager over one in-process engine, weights published."""
+  m = RolloutManager([InProcessWorker("local-0", CFG, engine_config(**engine_kw))])
+  m.publish(params(), 0)
+  return m
 
 
 class EchoEnv:

@@ -28,12 +28,12 @@ def test_held_out_episode_success_rises(tmp_path):
              eval_every=4, eval_prompts=64, learning_rate=1e-3, lr_warmup_steps=5,
              out_dir=str(tmp_path / "run"))
   result = recipe_lib.run_recipe(recipe_lib.build_recipe(rc))
-  evals = [row["eval_reward"] for row in result.history if "eval_reward" in row]
-  rewards = [row["reward_mean"] for row in result.history]
+  evals = [row["eval_reward"] for row in result.run.history if "eval_reward" in row]
+  rewards = [row["reward_mean"] for row in result.run.history]
   # 256 held-out episodes per evaluation (std <= 0.03), 1024 training episodes per window
   assert evals[-1] > evals[0] + 0.1, evals
   assert np.mean(rewards[-4:]) > np.mean(rewards[:4]) + 0.05, rewards
-  row = result.history[-1]
+  row = result.run.history[-1]
   assert row["episode_turns"] > 1.5 and row["agent_tool_calls"] > 0
   assert os.path.exists(tmp_path / "run" / "agent.png")
 
@@ -83,15 +83,15 @@ def test_sigterm_mid_episode_then_resume_matches_undisturbed(tmp_path, monkeypat
   seen: dict = {}
   out = str(tmp_path / "b")
   stopped = _run(monkeypatch, out, seen, stop=True)
-  assert stopped.preempted and stopped.stop_signal == "SIGTERM"
-  step = len(stopped.history)
+  assert stopped.run.preempted and stopped.run.stop_signal == "SIGTERM"
+  step = len(stopped.run.history)
   # the checkpoint holds the episodes in flight, mid-turn or between turns
   meta = json.load(open(os.path.join(out, "checkpoints", str(step), "meta", "metadata")))
   host = meta["host"]
   partial = [r for r in host["buffer"]["partials"] if "episode_state" in r["meta"]]
   assert partial and any(r["tokens"]["shape"][0] for r in partial)
   resumed = _run(monkeypatch, out, seen, resume=True)
-  assert resumed.resumed_from == step and not resumed.preempted
+  assert resumed.run.resumed_from == step and not resumed.run.preempted
   common = sorted(set(seen) & set(undisturbed))
   assert {r["request_id"] for r in partial} <= set(seen)  # every one finished after --resume
   assert len(common) >= len(partial)
@@ -143,8 +143,8 @@ def test_user_env_from_the_env_flag():
 def _group_requests(recipe, n):
   from jaxrl_sys.train.loop.groups import group_requests  # pylint: disable=import-outside-toplevel
   reqs = group_requests(recipe.task, recipe.model.tokenizer, range(n), 1, seed=0,
-                        max_new_tokens=recipe.config.max_new_tokens,
-                        max_prompt_len=recipe.config.max_prompt_len)
+                        max_new_tokens=recipe.config.loop.max_new_tokens,
+                        max_prompt_len=recipe.config.loop.max_prompt_len)
   for r in reqs:
     r.meta["episode"] = r.request_id
   return reqs

@@ -12,7 +12,7 @@ import pytest
 from jaxrl_sys.agents import AgentConfig, EpisodeDriver, turn_request_id
 from jaxrl_sys.losses.policy import policy_loss
 from jaxrl_sys.models import forward, unembedding
-from jaxrl_sys.rollout import InProcessRollout, InProcessWorker, ManagerConfig, RolloutManager
+from jaxrl_sys.rollout import InProcessWorker, ManagerConfig, RolloutManager
 from jaxrl_sys.tasks import TaskEnv
 from jaxrl_sys.tasks.turns import PlainFormat
 from jaxrl_sys.train.loop.groups import group_requests
@@ -51,7 +51,7 @@ def _requests(n_groups=4, samples=2):
 
 @pytest.fixture(scope="module")
 def episodes():
-  session = Recorder(InProcessRollout.create(common.CFG, common.params(), common.engine_config()))
+  session = Recorder(common.session())
   driver = EpisodeDriver(session, common.EchoEnv, common.TASK, PlainFormat(common.TOK),
                          AgentConfig(max_turns=3, max_turn_tokens=common.TURN_TOKENS))
   out = run_all(driver, _requests())
@@ -121,11 +121,10 @@ def test_trainer_logprobs_match_and_observations_get_no_gradient(episodes):
 
 def test_one_turn_episode_is_the_single_turn_request():
   reqs = _requests(3, 2)
-  plain = InProcessRollout.create(common.CFG, common.params(), common.engine_config())
+  plain = common.session()
   plain.submit(reqs)
   ref = {c.request_id: c.request for c in plain.poll(min_count=len(reqs))}
-  session = InProcessRollout.create(common.CFG, common.params(), common.engine_config())
-  driver = EpisodeDriver(session, lambda: TaskEnv(common.TASK), common.TASK,
+  driver = EpisodeDriver(common.session(), lambda: TaskEnv(common.TASK), common.TASK,
                          PlainFormat(common.TOK), AgentConfig(max_turns=1))
   out = run_all(driver, reqs)
   for rid, r in ref.items():
@@ -162,8 +161,7 @@ def test_aborted_episodes_resume_exactly(episodes):
   """The loop's step boundary in sync mode: in-flight episodes aborted (mid-turn or in a
   tool call), resubmitted later: every token, log-prob and version as if never stopped."""
   undisturbed, _ = episodes
-  session = InProcessRollout.create(common.CFG, common.params(), common.engine_config())
-  driver = EpisodeDriver(session, common.EchoEnv, common.TASK, PlainFormat(common.TOK),
+  driver = EpisodeDriver(common.session(), common.EchoEnv, common.TASK, PlainFormat(common.TOK),
                          AgentConfig(max_turns=3, max_turn_tokens=common.TURN_TOKENS))
   driver.submit(_requests())
   got = {}

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from jaxrl_sys.agents import AgentConfig, EpisodeDriver
-from jaxrl_sys.rollout import InProcessRollout, ManagerConfig, RolloutManager
+from jaxrl_sys.rollout import ManagerConfig, RolloutManager
 from jaxrl_sys.tasks.turns import PlainFormat
 from jaxrl_sys.train.loop.groups import group_requests
 from tests.agents import common
@@ -37,8 +37,7 @@ def _driver(session, env=common.EchoEnv):
 def test_workers_killed_mid_turn_and_between_turns(ray_session):  # pylint: disable=unused-argument
   from jaxrl_sys.rollout.weights.ray import RayWeightStore  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.rollout.workers.ray import RayWorker  # pylint: disable=import-outside-toplevel
-  undisturbed = run_all(_driver(InProcessRollout.create(common.CFG, common.params(),
-                                                        common.engine_config())), _requests())
+  undisturbed = run_all(_driver(common.session()), _requests())
   workers = [RayWorker(f"a{i}", common.CFG, common.engine_config(),
                        compile_cache=RAY_COMPILE_CACHE, token_delay=0.02) for i in range(3)]
   m = RolloutManager(workers, store=RayWeightStore(),

@@ -70,9 +70,9 @@ def test_spot_simulator_table(tmp_path):
 
 def test_agentic_search_trains_over_episodes(tmp_path):
   nb, v = run_notebook("06_agentic_search.ipynb", str(tmp_path), probe=(
-      "dict(success=[h['episode_success'] for h in result.history], "
-      "turns=[h['episode_turns'] for h in result.history], "
-      "evals=[h['eval_reward'] for h in result.history if 'eval_reward' in h], "
+      "dict(success=[h['episode_success'] for h in result.run.history], "
+      "turns=[h['episode_turns'] for h in result.run.history], "
+      "evals=[h['eval_reward'] for h in result.run.history if 'eval_reward' in h], "
       "episodes=[(c.request.tokens.tolist(), (c.request.versions >= 0).tolist()) "
       "for c in episodes])"))
   assert len(v["success"]) == 2 and all(0 <= s <= 1 for s in v["success"])
