@@ -1,6 +1,7 @@
 """The episode driver over a scripted session (no JAX): the token sequence, the mask, prefetch,
 the fault list, resumption from a checkpointed snapshot, the turn barrier, the limits."""
 import json
+import threading
 import time
 
 import numpy as np
@@ -163,28 +164,44 @@ def test_fault_list_becomes_metrics_and_nothing_is_lost():
   driver.close()
 
 
+class GatedEnv(SlowSearchEnv):
+  """Episode 0's tool calls wait for `GATE`: it stays in a tool call while the others run."""
+  GATE = threading.Event()
+
+  def step(self, action):
+    if self.problem.prompt == TASK.problem(0).prompt:
+      assert self.GATE.wait(30)
+    return super().step(action)
+
+
 def test_checkpointed_snapshot_resumes_exactly():
-  def fresh():  # turns take a few 5 ms polls, tool calls 50 ms: the two overlap
-    return make_driver(ScriptedSession(demo_script(), (EOS,), chunk=2, poll_seconds=0.005),
-                       lambda: SlowSearchEnv(TASK), prefetch=False)
   reqs = episode_requests(TASK, TOK, 6, 160)
+  assert len({TASK.problem(i).prompt for i in range(6)}) == 6
+
+  def fresh():  # turns take a few 5 ms polls, tool calls 50 ms
+    return make_driver(ScriptedSession(demo_script(), (EOS,), chunk=2, poll_seconds=0.005),
+                       lambda: GatedEnv(TASK), prefetch=False)
+  GatedEnv.GATE.set()
   undisturbed = run_all(fresh(), reqs)
+  GatedEnv.GATE.clear()
   driver = fresh()
   driver.submit(reqs)
-  got = {}
-  # Until some episodes are mid-turn while others wait for a tool call: checkpoint then.
-  deadline = time.monotonic() + 30
-  while not {"generate", "env"} <= {ep.phase for ep in driver.episodes.values()}:
-    for c in driver.poll(min_count=1, timeout=0.01):
+  got, deadline = {}, time.monotonic() + 30
+
+  def mid_turn():  # another episode holds sampled tokens of an unfinished turn
+    held = {r.request_id: r.num_generated for r in driver.session.snapshot()}
+    return any(held.get(ep.turn_id, 0) > 0 and ep.turn > 0 for ep in driver.episodes.values())
+  # Checkpoint while episode 0 waits in a tool call and another is mid-turn.
+  while not (driver.episodes[0].phase == "env" and driver.episodes[0].turn > 0 and mid_turn()):
+    for c in driver.poll(min_count=1, timeout=0.005):
       got[c.request_id] = c
-    assert driver.episodes and time.monotonic() < deadline, "no moment with both phases"
-  assert any(ep.turn > 0 for ep in driver.episodes.values())
+    assert 0 in driver.episodes and time.monotonic() < deadline
   saved = json.loads(json.dumps([request_to_json(r) for r in driver.snapshot()]))
-  assert saved and all("episode_state" in r["meta"] for r in saved)
+  GatedEnv.GATE.set()
+  driver.abort()
   states = [(r["meta"]["episode_state"], request_from_json(r)) for r in saved]
   assert any(st["phase"] == "env" for st, _ in states)  # a tool call to run again
   assert any(len(q.tokens) > st["turn_start"] for st, q in states)  # a turn's partial tokens
-  driver.abort()
   resumed = fresh()
   got.update(run_all(resumed, [request_from_json(r) for r in saved]))
   assert sorted(got) == sorted(undisturbed)
