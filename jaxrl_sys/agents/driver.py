@@ -163,7 +163,8 @@ class EpisodeDriver:
     for ep in self.episodes.values():
       copy = Episode(ep.request, ep.tokens, ep.logprobs, ep.versions, ep.turn, ep.turn_start,
                      ep.phase, list(ep.rewards), list(ep.actions),
-                     [list(o) for o in ep.observations], ep.env_snapshot, None, dict(ep.info))
+                     [list(o) for o in ep.observations], ep.env_snapshot, None, dict(ep.info),
+                     routes=ep.routes)
       if ep.turn_id in self._by_turn:
         self._fold_partial(copy, partial.get(ep.turn_id))
       out.append(copy.state_request())
@@ -363,8 +364,10 @@ class EpisodeDriver:
     """Puts the current turn's sampled tokens (from the session) into the episode."""
     n = ep.turn_start
     ep.tokens, ep.logprobs, ep.versions = ep.tokens[:n], ep.logprobs[:n], ep.versions[:n]
+    ep.routes = ep.routes_for(len(ep.request.prompt) + n - 1)
     if partial is not None and partial.num_generated:
       ep.append(partial.tokens, partial.logprobs, partial.versions)
+    ep.take_routes(partial)  # MoE: the turn's routes extend the episode's
 
   def _on_turn(self, c: Completion) -> int | None:
     """A turn finished: close it, then step its env (the episode id when a step started)."""

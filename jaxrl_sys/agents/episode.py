@@ -13,6 +13,13 @@ per-turn rewards, the env's snapshot), which the driver resumes exactly when it 
 again. Turn t runs as its own engine request: id `turn_request_id(e, t)`, key
 `turn_key(key, t)` (turn 0 keeps the episode's id and key, so a one-turn episode is the
 single-turn request itself), prompt = episode prompt + tokens before the turn.
+
+MoE policies: the episode also carries the routes of every position fed so far (`routes`,
+`Request.routes` of the prompt + tokens, a prefix of them: the observation tokens after the
+last turn were never fed). Each turn's request takes them, so the engine forces the experts
+that produced the earlier turns' log-probs and routes only the new positions (the previous
+turn's last sampled token, the glue, the observation) live, whether it extends a held KV or
+re-prefills; its completion's routes then cover the turn. The trainer replays them (R3).
 """
 from __future__ import annotations
 
@@ -77,6 +84,8 @@ class Episode:
     env_snapshot: the env's `snapshot()` taken before the step in flight (resumption).
     finish: why it ended (STOP: the env said done; LENGTH: token budget or max_turns).
     info: outcome (`success`, `truncated`, `max_turns`, `env_error`, tool status counts).
+    routes: MoE policies: `[m, layers, k]` the experts of the first m fed positions of prompt +
+      tokens (see the module docstring), or None.
   """
   request: Request
   tokens: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
@@ -92,6 +101,7 @@ class Episode:
   finish: FinishReason | None = None
   info: dict = dataclasses.field(default_factory=dict)
   env: Any = None
+  routes: np.ndarray | None = None
 
   @property
   def episode_id(self) -> int:
@@ -117,9 +127,22 @@ class Episode:
     self.logprobs = np.concatenate([self.logprobs, lp])
     self.versions = np.concatenate([self.versions, vs])
 
+  def take_routes(self, r: Request | None) -> None:
+    """Keeps `r`'s routes (a turn's request: they extend the episode's) when it records more
+    positions than the episode so far."""
+    if r is not None and r.num_routed > (0 if self.routes is None else len(self.routes)):
+      self.routes = r.routes
+
+  def routes_for(self, fed: int) -> np.ndarray | None:
+    """The recorded routes of the first `fed` fed positions at most (None when none)."""
+    if self.routes is None or not len(self.routes):
+      return None
+    return self.routes[:max(fed, 0)]
+
   def turn_request(self, max_turn_tokens: int | None, partial: Request | None = None) -> Request:
     """The engine request of the current turn: prompt = episode prompt + tokens before the
-    turn; resumed from `partial`'s tokens when given (or the sampled tokens already held)."""
+    turn; resumed from `partial`'s tokens when given (or the sampled tokens already held); with
+    the episode's routes of the positions fed so far (MoE)."""
     r = self.request
     context = np.concatenate([r.prompt, self.tokens[:self.turn_start]])
     budget = self.request.max_new_tokens - self.turn_start
@@ -129,7 +152,8 @@ class Episode:
                    group_id=r.group_id, tokens=self.tokens[held], logprobs=self.logprobs[held],
                    versions=self.versions[held], min_version=r.min_version,
                    meta={"session": self.episode_id, "episode": self.episode_id,
-                         "turn": self.turn})
+                         "turn": self.turn},
+                   routes=self.routes_for(len(r.prompt) + len(self.tokens) - 1))
 
   def summary(self) -> dict:
     """`meta["episode"]` of the finished episode's completion (JSON)."""
@@ -143,7 +167,8 @@ class Episode:
     r = self.request
     return Request(r.request_id, r.prompt, r.max_new_tokens, r.key, group_id=r.group_id,
                    tokens=self.tokens, logprobs=self.logprobs, versions=self.versions,
-                   min_version=r.min_version, meta=dict(r.meta, episode=self.summary()))
+                   min_version=r.min_version, meta=dict(r.meta, episode=self.summary()),
+                   routes=self.routes_for(len(r.prompt) + len(self.tokens) - 1))
 
   def state_request(self) -> Request:
     """The unfinished episode as a resubmittable request (`meta["episode_state"]`)."""
@@ -157,7 +182,8 @@ class Episode:
     meta = {k: v for k, v in r.meta.items() if k != "episode_state"}
     return Request(r.request_id, r.prompt, r.max_new_tokens, r.key, group_id=r.group_id,
                    tokens=self.tokens, logprobs=self.logprobs, versions=self.versions,
-                   min_version=r.min_version, meta=dict(meta, episode_state=state))
+                   min_version=r.min_version, meta=dict(meta, episode_state=state),
+                   routes=self.routes_for(len(r.prompt) + len(self.tokens) - 1))
 
   @classmethod
   def from_request(cls, r: Request) -> "Episode":
@@ -176,7 +202,8 @@ class Episode:
              phase=state["phase"], rewards=[float(x) for x in state["rewards"]],
              actions=list(state["actions"]), observations=[list(o) for o in
                                                            state["observations"]],
-             env_snapshot=state.get("env_snapshot"), info=dict(state.get("info", {})))
+             env_snapshot=state.get("env_snapshot"), info=dict(state.get("info", {})),
+             routes=r.routes if r.num_routed else None)
     return ep
 
 

@@ -86,7 +86,7 @@ def test_sequence_is_sampled_then_observation_tokens(episodes):
 def _batch(out):
   samples = [batch_lib.Sample(c.request.prompt, c.request.tokens, c.request.logprobs,
                               c.request.versions, 1.0 - 0.5 * i, 1.0,
-                              (c.request.versions >= 0).astype(np.float32))
+                              mask=(c.request.versions >= 0).astype(np.float32))
              for i, c in enumerate(out.values())]
   return batch_lib.pack(samples, len(samples), 64, common.TOK.pad_id, window=common.BUDGET)
 

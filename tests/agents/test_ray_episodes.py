@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from jaxrl_sys.agents import AgentConfig, EpisodeDriver
+from jaxrl_sys.agents.episode import turn_request_id
 from jaxrl_sys.rollout import ManagerConfig, RolloutManager
 from jaxrl_sys.tasks.turns import PlainFormat
 from jaxrl_sys.train.loop.groups import group_requests
@@ -49,19 +50,20 @@ def test_workers_killed_mid_turn_and_between_turns(ray_session):  # pylint: disa
   while driver.num_pending() and time.monotonic() < deadline:
     for c in driver.poll(min_count=1, timeout=0.05):
       out[c.request_id] = c
-    live = [w for w in workers if w.worker_id in m.workers and w.worker_id not in killed.values()]
+    fleet = m.fleet
+    live = [w for w in workers if w.worker_id in fleet and w.worker_id not in killed.values()]
     if "mid_turn" not in killed:  # a worker holding a turn with tokens already generated
       for w in live:
-        held = [r for r in m.workers[w.worker_id].assigned if r in m.requests]
-        if any(m.requests[r].request.num_generated for r in held):
+        if any(fleet.provenance(r) for r in fleet[w.worker_id].assigned):
           os.kill(w.pid(), signal.SIGKILL)
           killed["mid_turn"] = w.worker_id
           break
     elif "between_turns" not in killed and len(live) > 1:
-      # the worker an episode in a tool call will come back to (its sticky session)
-      sessions = m.core._sessions  # pylint: disable=protected-access
+      # the worker an episode in a tool call will come back to (its sticky session): the one
+      # that produced the last token of its previous turn
       for ep in driver.episodes.values():
-        w = sessions.get(ep.episode_id)
+        prov = fleet.provenance(turn_request_id(ep.episode_id, ep.turn - 1)) if ep.turn else []
+        w = prov[-1][0] if prov else None
         if ep.phase == "env" and ep.turn > 0 and w in [x.worker_id for x in live]:
           victim = next(x for x in live if x.worker_id == w)
           os.kill(victim.pid(), signal.SIGKILL)
@@ -74,6 +76,6 @@ def test_workers_killed_mid_turn_and_between_turns(ray_session):  # pylint: disa
     np.testing.assert_array_equal(out[e].request.versions, c.request.versions)
     np.testing.assert_allclose(out[e].request.logprobs, c.request.logprobs, atol=1e-5)
     assert out[e].request.meta["episode"] == c.request.meta["episode"]
-  assert m.stats.lost == 2 and m.stats.migrated >= 1
+  assert m.fleet.stats.lost == 2 and m.fleet.stats.migrated >= 1
   driver.close()
   m.close()

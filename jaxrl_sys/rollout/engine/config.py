@@ -47,8 +47,8 @@ class EngineConfig:
       turn of a multi-turn episode on the engine that served the previous one) takes that slot
       and prefills only the rest (`slots.extend`); free slots are then reused least recently
       released first.
-    recompute_kv_on_swap: on `set_weights`, re-prefill running requests with the new weights
-      instead of keeping their KV.
+    recompute_kv_on_swap: on a weight load (`Engine.load`), re-prefill running requests with
+      the new weights instead of keeping their KV.
     cache_dtype: KV cache dtype name ("float32", "bfloat16"); None = the model compute dtype.
   """
   num_slots: int = 8

@@ -114,7 +114,7 @@ def score_groups(groups: Sequence[Group], task, tokenizer, config: AdvantageConf
     r = c.request
     weight = float(mask.reshape(-1)[i]) * (1.0 if ep is None else float(ep.get("weight", 1.0)))
     samples.append(Sample(r.prompt, r.tokens, r.logprobs, r.versions,
-                          float(adv.reshape(-1)[i]), weight,
+                          float(adv.reshape(-1)[i]), weight, r.routes,
                           None if ep is None else (r.versions >= 0).astype(np.float32)))
   lengths = np.array([c.request.num_generated for c in comps]).reshape(len(groups), s)
   stopped = np.array([c.finish == FinishReason.STOP for c in comps]).reshape(len(groups), s)
