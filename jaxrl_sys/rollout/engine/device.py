@@ -1,6 +1,7 @@
 """The engine's device side: the slot KV cache, the weights it runs (`weights.EngineWeights`) and
-the calls of the jitted slot functions (`slots`: prefill, prefix copy, chunked decode) on them,
-with their compilations counted. `Engine` decides what goes where; this module only runs it.
+the calls of the jitted slot functions (`slots`: prefill, prefix extension, prefix copy, chunked
+decode) on them, in bucketed blocks, with their compilations counted. `Engine` decides what goes
+where; this module only runs it.
 """
 from __future__ import annotations
 
@@ -51,6 +52,64 @@ class SlotDevice:
                                     config=self.model_config)
     return routes
 
+  def extend(self, tokens: np.ndarray, lengths: np.ndarray, starts: np.ndarray, dst: np.ndarray,
+             forced: Any):
+    """`slots.extend` of a `[b, t]` block of extensions onto the first `starts` cached tokens
+    of slots `dst`; returns the extension positions' MoE routes or None (dense)."""
+    params, lora = self.weights.run
+    self.cache, routes = self._call(slots.extend, params, self.cache, tokens, lengths, starts,
+                                    dst, self.weights.moe_state, forced, lora,
+                                    config=self.model_config)
+    return routes
+
+  def _blocks(self, rows: list, routes: Any):
+    """`rows` (first entry: the tokens) cut into `[b, t]` bucketed blocks: yields (part, b, t,
+    tokens, lengths, dst, zero forced routes)."""
+    c = self.config
+    max_b = c.prefill_batch_buckets[-1]
+    for i in range(0, len(rows), max_b):
+      part = rows[i:i + max_b]
+      b = pick(len(part), c.prefill_batch_buckets)
+      t = pick(max(len(x[0]) for x in part), c.prefill_buckets)
+      toks, lens = np.zeros((b, t), np.int32), np.zeros((b,), np.int32)
+      for j, x in enumerate(part):
+        toks[j, :len(x[0])], lens[j] = x[0], len(x[0])
+      yield (part, b, t, toks, lens, np.full((b,), c.num_slots, np.int32),
+             None if routes is None else routes.forced(b, t))
+
+  def prefill_blocks(self, leaders: list[tuple[np.ndarray, int, Any]], routes: Any) -> None:
+    """Prefills `(sequence, slot, request)` rows, shortest first, in bucketed blocks; a request
+    with recorded routes rebuilds its KV with them; `routes` (`SlotRoutes`, None: dense)
+    records each prefix's routes."""
+    leaders = sorted(leaders, key=lambda x: len(x[0]))
+    for part, b, t, toks, lens, dst, forced in self._blocks(leaders, routes):
+      for j, (_, s, r) in enumerate(part):
+        dst[j] = s
+        if r.num_routed:  # recorded routes (all or a prefix): rebuild the KV with them
+          routes.fill(r, 0, forced[0][j], forced[1][j])
+      out = self.prefill(toks, lens, dst, forced)
+      if out is not None:
+        routes.prefilled(out, [(s, len(q)) for q, s, _ in part])
+      self.stats.prefill_calls += 1
+      self.stats.prefill_rows += len(part)
+      self.stats.prefill_tokens += int(lens.sum())
+      self.stats.prefill_padded_tokens += b * t
+
+  def extend_blocks(self, extends: list[tuple[np.ndarray, int, int, Any]], routes: Any) -> None:
+    """Extends `(new tokens, kept, slot, request)` rows in bucketed blocks (recorded routes of
+    extension positions forced; `routes` records the new positions' routes)."""
+    for part, _, _, toks, lens, dst, forced in self._blocks(extends, routes):
+      starts = np.zeros_like(lens)
+      for j, (_, m, s, r) in enumerate(part):
+        starts[j], dst[j] = m, s
+        if r.num_routed > m:  # recorded routes of extension positions: forced
+          routes.fill(r, m, forced[0][j], forced[1][j])
+      out = self.extend(toks, lens, starts, dst, forced)
+      if out is not None:
+        routes.extend_rows(out, [(s, len(q)) for q, _, s, _ in part])
+      self.stats.extend_calls += 1
+      self.stats.extend_tokens += int(lens.sum())
+
   def copy(self, moves: list[tuple[int, int, int]]) -> None:
     """Copies `(src, dst, length)` prefixes (any number) in calls of `num_slots` entries."""
     n = self.config.num_slots
@@ -80,6 +139,8 @@ class SlotDevice:
     the zero forced routes of a prefill block); returns whether variants remain."""
     c, n = self.config, self.config.num_slots
     variants = [("prefill", t, b) for t in c.prefill_buckets for b in c.prefill_batch_buckets]
+    if c.extend_prefixes:
+      variants += [("extend", t, b) for t in c.prefill_buckets for b in c.prefill_batch_buckets]
     variants += [("copy", t, 0) for t in c.copy_buckets]
     variants += [("decode", rows, w) for rows in c.decode_row_buckets
                  for w in c.decode_len_buckets]
@@ -90,6 +151,9 @@ class SlotDevice:
       if kind == "prefill":
         self.prefill(np.zeros((b, a), np.int32), zeros(b), np.full((b,), n, np.int32),
                      forced(b, a))
+      elif kind == "extend":
+        self.extend(np.zeros((b, a), np.int32), zeros(b), zeros(b), np.full((b,), n, np.int32),
+                    forced(b, a))
       elif kind == "copy":
         self.cache = self._call(slots.copy_prefix, self.cache, zeros(n),
                                 np.full((n,), n, np.int32), zeros(n), t=a)

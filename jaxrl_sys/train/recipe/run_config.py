@@ -14,6 +14,7 @@
       output       OutputConfig       where a run writes (not part of its config.json)
       precision    PrecisionConfig    dtypes of masters, compute, rollout (train/precision.py)
       lora         LoraConfig         low-rank adapters on a frozen base (models/lora.py)
+      agent        AgentConfig        multi-turn episodes: env, turns, tools (agents/)
 
 Every setting is one field of one section, documented in the section's `Attributes:`
 docstring and validated in the section's `__post_init__` (checks that need two sections live
@@ -48,6 +49,7 @@ from typing import Any, Mapping
 
 from jaxrl_sys.models.config import LoraConfig
 from jaxrl_sys.rollout.setup.spec import RolloutSetup
+from jaxrl_sys.agents.config import AgentConfig
 from jaxrl_sys.train.multihost.job import DistributedConfig
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.precision import PrecisionConfig
@@ -232,6 +234,8 @@ ALIASES = {
     "export_hf": "output.export_hf", "export_peft": "output.export_peft",
     "progress": "output.progress",
     "behav_weight_cap": "train.behav_weight_cap",
+    "env": "agent.env", "max_turns": "agent.max_turns", "tool_timeout": "agent.tool_timeout",
+    "tool_workers": "agent.tool_workers",
     **{name: f"precision.{name}" for name in ("param_dtype", "compute_dtype", "rollout_dtype",
                                               "export_dtype")},
     **{name: f"rollout.{name}" for name in (
@@ -263,6 +267,7 @@ class RunConfig:
   output: OutputConfig = OutputConfig()
   precision: PrecisionConfig = PrecisionConfig()
   lora: LoraConfig = LoraConfig()
+  agent: AgentConfig = AgentConfig()
 
   def __post_init__(self):
     if self.loop.group_size < 2:
