@@ -75,3 +75,24 @@ def test_engine_needs_the_base_for_a_lora_model():
     Engine(LORA_CFG, ad, engine_config(PLAIN))
   with pytest.raises(ValueError, match="do not fit"):
     Engine(LORA_CFG, base, engine_config(PLAIN), base=base)  # the base given as adapters
+
+
+def test_a_next_turn_extends_the_kept_prefix_with_the_adapters():
+  """Multi-turn prefix extension (`extend_prefixes`, `slots.extend`) runs the adapters too:
+  second turns that extend the first turns' kept rows sample log-probs equal to the trainer's
+  on the whole sequence (float32, 1e-5)."""
+  from jaxrl_sys.rollout.types import Request  # pylint: disable=import-outside-toplevel
+  from tests.rollout.common import request_key  # pylint: disable=import-outside-toplevel
+
+  base, ad = params(0), _adapters()
+  engine = Engine(LORA_CFG, ad, engine_config(PLAIN, extend_prefixes=True), base=base)
+  rng = np.random.default_rng(5)
+  first = [Request(i, rng.integers(1, CFG.vocab_size, size=4), 6, request_key(7, i))
+           for i in range(3)]
+  done = _generate(engine, first)
+  second = [Request(10 + r.request_id, np.concatenate([r.prompt, r.tokens, [5, 6]]), 4,
+                    request_key(7, 10 + r.request_id)) for r in done]
+  again = _generate(engine, second)
+  assert engine.stats.extend_calls > 0 and engine.stats.reused_tokens > 0
+  diff, n = _check_against_trainer(base, ad, again)
+  assert n >= 6 and diff < 1e-5, diff
