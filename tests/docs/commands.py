@@ -182,7 +182,7 @@ COVERAGE = {
     "--out_dir=runs/lora --export_peft=runs/lora/adapter": Mapped(
         f"{_HARNESS}::test_lora_learns_and_its_peft_export_loads_onto_the_base",
         "the same LoRA flags on the learning test's sums data set"),
-    "python -m experiments.spot_sim --preset=qwen3-8b --settings=rlboost --segments=0 "
+    "python -m experiments.spot_sim --preset=all --settings=rlboost --segments=0,1 "
     "--lora_rank=16": Mapped(
         "tests/sim/test_lora_sim.py::test_first_pull_moves_the_base_then_adapters_only",
         "the preset --lora_rank adds (sim.presets.with_lora) and its pulls; the command's "
