@@ -73,8 +73,10 @@ def test_worker_joining_mid_run_pulls_the_base_once_then_adapters(ray_session, c
   step()
   m.add_worker(worker("r1"))  # joins mid-run, at version 2
   deadline = time.monotonic() + 180
-  while ("r1" not in m.fleet or m.fleet["r1"].version < 0) and time.monotonic() < deadline:
-    m.poll(timeout=0.2)  # the manager's ticks: r1 starts, pulls the newest version
+  while m.fleet["r1"].version < 0 and time.monotonic() < deadline:
+    if not m.round():  # exchange rounds (poll returns at once with nothing pending)
+      time.sleep(0.05)  # r1 starts and loads the newest version
+  assert m.fleet["r1"].version == 2
   for _ in range(2):
     out = step()
   m.close()
