@@ -18,8 +18,10 @@ Two models built from configs with random bf16 weights (no download): a Qwen2.5-
 - decode: `models.generate` (256 new tokens) at batch 64 and 256 on the 0.5B shape: tok/s, ms per
   step, and the HBM floor (weights + the average KV cache read once per step at the device's
   bandwidth) as a fraction of the measured step;
-- train: one GRPO train step (`train.step.train_step`, fwd+bwd+AdamW) on both models: MFU from
-  `train.metrics_log.train_flops_per_token` over the device's bf16 peak;
+- train: one GRPO train step (fwd+bwd+AdamW) on both models, run as the CLI runs it
+  (`benchmarks.gpu_train`): 8 x 8 x (32+256) as one program, and the issue's 32 x 8 x (32+256)
+  in micro-batches of the CLI's default m_b groups, gradients accumulated before one update;
+  MFU over the whole batch from `train.metrics_log.train_flops_per_token` over the bf16 peak;
 - memory: compiled temp bytes (`memory_analysis()`) per row and the allocator's peak
   (`memory_stats()["peak_bytes_in_use"]`, GPU only) after each section;
 - `--profile DIR`: a `jax.profiler` trace of the first decode batch and of the dense train step,
@@ -39,12 +41,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import gpu_profile
+from benchmarks.gpu_train import train_section
 from benchmarks.common import print_table, write_json
 from jaxrl_sys import backend, kernels, models
 from jaxrl_sys.models.config import ModelConfig, MoEConfig
 from jaxrl_sys.train.loop import metrics_log
+from jaxrl_sys.train.recipe.run_config import RunConfig
 
 MiB = 2 ** 20
+# The command line's default m_b (`--micro_batch_groups`): the train row's micro-batch size.
+CLI_MICRO_BATCH_GROUPS = RunConfig().loop.micro_batch_groups
 # HBM bandwidth (bytes/s) by substring of the device kind (lower case); None: unknown.
 HBM_BYTES_PER_S = (("h200", 4.8e12), ("h100 pcie", 2.0e12), ("h100", 3.35e12),
                    ("a100-sxm4-80gb", 2.04e12), ("a100", 1.56e12), ("l4", 0.3e12))
@@ -61,7 +67,9 @@ class Sizes:
   decode_batches: tuple[int, ...]
   prompt_len: int
   new_tokens: int
-  train: tuple[int, int, int, int]               # prompts, group, prompt len, response len
+  train_single: tuple[int, int, int, int]        # one program: prompts, group, prompt, response
+  train: tuple[int, int, int, int]               # the CLI's micro-batches: the same fields
+  micro_groups: int                              # m_b, groups per micro-batch of `train`
   repeats: int
   quick: bool = False
 
@@ -77,7 +85,7 @@ def sizes(quick: bool) -> Sizes:
                       moe=MoEConfig(num_experts=8, num_experts_per_tok=2,
                                     expert_intermediate_size=32))
     return Sizes(dense, moe, (256, 64, 512), (2, 64, 4, 2, 16), (512, 64, 32, 8), (4,), 8, 8,
-                 (2, 2, 8, 8), 1, quick=True)
+                 (2, 2, 8, 8), (2, 2, 8, 8), 1, 1, quick=True)
   dense = ModelConfig(vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14,
                       num_kv_heads=2, head_dim=64, intermediate_size=4864, max_seq_len=4096,
                       tie_embeddings=True, attention_bias=True, **bf16)
@@ -87,7 +95,7 @@ def sizes(quick: bool) -> Sizes:
                     moe=MoEConfig(num_experts=64, num_experts_per_tok=8,
                                   expert_intermediate_size=384), **bf16)
   return Sizes(dense, moe, (8192, 896, 151936), (8, 2048, 14, 2, 64), (262144, 1024, 384, 64),
-               (64, 256), 32, 256, (32, 8, 32, 256), 10)
+               (64, 256), 32, 256, (8, 8, 32, 256), (32, 8, 32, 256), CLI_MICRO_BATCH_GROUPS, 10)
 
 
 def device_info() -> dict:
@@ -285,60 +293,9 @@ def decode_section(s: Sizes, info: dict, profile: dict | None = None) -> list[di
   return rows
 
 
-def _train_batch(c: ModelConfig, shape, key):
-  from jaxrl_sys.train.step.batch import TrainBatch  # pylint: disable=import-outside-toplevel
-  prompts, group, lp, lr = shape
-  rows, t = prompts * group, lp + lr
-  tokens = jax.random.randint(key, (1, rows, t), 3, c.vocab_size)
-  adv = jax.random.normal(key, (1, rows))
-  return TrainBatch(tokens=tokens, targets=tokens[:, :, lp:], attention_mask=jnp.ones_like(tokens),
-                    loss_mask=jnp.ones((1, rows, lr), jnp.float32),
-                    behav_logprobs=jnp.full((1, rows, lr), -5.0, jnp.float32),
-                    versions=jnp.zeros((1, rows, lr), jnp.int32), advantages=adv,
-                    score_start=jnp.full((1, rows), lp - 1, jnp.int32))
-
-
-def train_section(s: Sizes, info: dict, profile: dict | None = None) -> list[dict]:
-  # pylint: disable=import-outside-toplevel
-  from jaxrl_sys.sharding import make_mesh
-  from jaxrl_sys.train.step import update as step_lib
-  from jaxrl_sys.train.step.config import TrainConfig
-  from jaxrl_sys.train.step.optim import make_optimizer
-  from jaxrl_sys.train.step.state import init_train_state
-  rows = []
-  models_ = (("dense 0.5B", s.dense), ("Qwen3-MoE", s.moe))
-  # --quick: the MoE model only (the same code; the dense step is compiled by the train tests).
-  for name, c in models_[1:] if s.quick else models_:
-    tc = TrainConfig()
-    opt = make_optimizer(tc.optim)
-    mesh = make_mesh("1")
-    batch = _train_batch(c, s.train, jax.random.PRNGKey(3))
-    prompts, group, lp, lr = s.train
-    row = {"section": "train", "name": f"grpo step {name}", "impl": "auto",
-           "shape": f"{prompts}x{group}x({lp}+{lr})"}
-    try:
-      state = init_train_state(c, tc, opt, mesh=mesh)
-      fn = functools.partial(step_lib.train_step, model_config=c, train_config=tc, optimizer=opt)
-      # The whole output (new state and metrics): returning the loss alone lets XLA drop the
-      # backward pass and the update, which measured the forward only (an "MFU" above 1).
-      ms, temp = measure(fn, state, batch, repeats=s.repeats)
-      flops = metrics_log.train_flops_per_token(c, lp + lr, reference=False, scored_len=lr)
-      tokens = prompts * group * (lp + lr)
-      row |= {"step_ms": ms, "fwdbwd_temp_mib": temp,
-              "mfu": flops * tokens / (ms / 1e3) / info["peak_flops"]}
-      if profile is not None and f"train {name}" not in profile:
-        step = jax.jit(lambda st, b: fn(st, b)[1]["loss"])
-        profile[f"train {name}"] = gpu_profile.profile_ops(
-            lambda: step(state, batch), calls=2, out_dir=profile["dir"] + "/train")
-    except Exception as e:  # pylint: disable=broad-except  # an OOM is the measurement
-      row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-    rows.append(row)
-  return rows
-
-
 COLUMNS = ("section", "name", "impl", "auto", "shape", "fwd_ms", "fwdbwd_ms", "fwdbwd_tflops",
            "vs_naive", "fwd_temp_mib", "fwdbwd_temp_mib", "mem_vs_naive", "tok_per_s", "step_ms",
-           "hbm_floor_ms", "roofline_frac", "mfu", "error")
+           "hbm_floor_ms", "roofline_frac", "micro_batches", "mfu", "error")
 
 
 def main(argv=None) -> dict:

@@ -31,8 +31,10 @@ def test_gpu_benchmark_quick(tmp_path, monkeypatch):
   assert (dec["roofline_frac"] is None) == (not gpu_host)          # no HBM figure for a CPU
   assert dec["tok_per_s"] > 0
   train = [r for r in rows if r["section"] == "train"]
-  assert [r["name"] for r in train] == ["grpo step Qwen3-MoE"]
-  assert all(0 < r["mfu"] < 1 for r in train)
+  # The one-program step and the CLI's micro-batched step (2 groups, m_b = 1: two micro-batches).
+  assert [(r["name"], r["impl"], r["micro_batches"]) for r in train] == [
+      ("grpo step Qwen3-MoE", "1 program", 1), ("grpo step Qwen3-MoE", "2 x 1 groups", 2)]
+  assert all(0 < r["mfu"] < 1 and r["fwdbwd_temp_mib"] > 0 for r in train)
   # The per-op profile of the decode and the train step (host process on CPU).
   assert set(saved["profile"]) == {"decode_b4", "train Qwen3-MoE"}
   for ops in saved["profile"].values():
