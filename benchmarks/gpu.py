@@ -24,8 +24,9 @@ Two models built from configs with random bf16 weights (no download): a Qwen2.5-
   MFU over the whole batch from `train.metrics_log.train_flops_per_token` over the bf16 peak;
 - memory: compiled temp bytes (`memory_analysis()`) per row and the allocator's peak
   (`memory_stats()["peak_bytes_in_use"]`, GPU only) after each section;
-- `--profile DIR`: a `jax.profiler` trace of the first decode batch and of the dense train step,
-  summed per op (`benchmarks.gpu_profile`): ms and kernel count per decode step / train step.
+- `--profile DIR`: a `jax.profiler` trace of the first decode batch and of the one-program train
+  step, summed per op (`benchmarks.gpu_profile`): ms and kernel count per decode step / train
+  step, and over all ops the kernels per step and the share of time in copies.
 
 Writes benchmarks/results/gpu.json (gpu_quick.json with --quick) with the device name.
 """
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import re
 import time
 
 import jax
@@ -105,6 +107,12 @@ def device_info() -> dict:
   return {"device": dev.device_kind, "platform": backend.platform(), "count": jax.device_count(),
           "peak_flops": metrics_log.peak_flops(dev), "hbm_bytes_per_s": bw,
           "auto": backend.describe(), "jax": jax.__version__}
+
+
+def device_slug(kind: str) -> str:
+  """A file-name form of a device kind: "NVIDIA H100 80GB HBM3" -> "h100-80gb-hbm3"."""
+  words = re.sub(r"[^a-z0-9]+", " ", kind.lower()).split()
+  return "-".join(w for w in words if w != "nvidia") or "device"
 
 
 def allocator_peak_mib() -> float | None:
@@ -284,12 +292,16 @@ def decode_section(s: Sizes, info: dict, profile: dict | None = None) -> list[di
                  "hbm_floor_ms": floor_ms, "roofline_frac": floor_ms / step_ms if bw else None,
                  "compile_s": compile_s, "generated": int(out.lengths.sum())})
     if profile is not None and batch == s.decode_batches[0]:
-      ops = gpu_profile.profile_ops(lambda: run(jax.random.PRNGKey(2)).tokens, calls=2,
-                                    out_dir=profile["dir"] + f"/decode_b{batch}")
+      ops, tot = gpu_profile.profile_summary(lambda: run(jax.random.PRNGKey(2)).tokens, calls=2,
+                                             out_dir=profile["dir"] + f"/decode_b{batch}")
       for r in ops:   # per decode step (prefill included, spread over the steps)
         r["ms_per_step"], r["count_per_step"] = (r["ms_per_call"] / s.new_tokens,
                                                  r["count_per_call"] / s.new_tokens)
       profile[f"decode_b{batch}"] = ops
+      profile.setdefault("totals", {})[f"decode_b{batch}"] = {
+          "ms_per_step": tot["ms_per_call"] / s.new_tokens,
+          "kernels_per_step": tot["count_per_call"] / s.new_tokens,
+          "copy_share": tot["copy_share"], "update_slice_share": tot["update_slice_share"]}
   return rows
 
 
@@ -305,7 +317,9 @@ def main(argv=None) -> dict:
                   help="run only these sections (repeatable); default all")
   ap.add_argument("--pallas", action="store_true",
                   help="also time the Pallas kernels off GPU (interpret mode: slow)")
-  ap.add_argument("--out", default=None, help="results name (default gpu / gpu_quick)")
+  ap.add_argument("--out", default=None,
+                  help="results name (default gpu / gpu_quick); {device}, {jax} and {date} "
+                       "are filled in, e.g. gpu_{device}_jax{jax}_{date}")
   ap.add_argument("--profile", default=None, metavar="DIR",
                   help="trace the first decode batch and the train step into DIR; per-op table")
   args = ap.parse_args(argv)
@@ -330,13 +344,20 @@ def main(argv=None) -> dict:
           f"allocator peak {peaks[sec]} MiB", flush=True)
   used = [c for c in COLUMNS if any(r.get(c) not in (None, "") for r in rows)]
   print_table(rows, used)
-  name = args.out or ("gpu_quick" if args.quick else "gpu")
+  name = (args.out or ("gpu_quick" if args.quick else "gpu")).format(
+      device=device_slug(info["device"]), jax=jax.__version__,
+      date=time.strftime("%Y%m%d_%H%M", time.gmtime()))
   payload = {"device": info, "quick": args.quick, "rows": rows, "allocator_peak_mib": peaks}
   for what, ops in (profile or {}).items():
-    if what != "dir":
+    if what not in ("dir", "totals"):
       print(f"profile: {what} (top ops)")
       print_table(ops[:15])
       payload.setdefault("profile", {})[what] = ops
+  if (profile or {}).get("totals"):
+    payload["profile_totals"] = profile["totals"]
+    print("profile totals (all ops): " + "; ".join(
+        f"{what}: " + ", ".join(f"{k} {v:.4g}" for k, v in tot.items())
+        for what, tot in profile["totals"].items()))
   write_json(name, payload)
   return payload
 

@@ -10,7 +10,7 @@ micro-batch as one program (`fused_step`), a larger step as micro-batches of at 
   groups (the CLI default `--micro_batch_groups`), `init_accum` + `accumulate` per micro-batch +
   `apply`; MFU over the whole batch.
 
-Each row reports the median step ms over `Sizes.repeats` warm steps (the state threaded through,
+Each row reports the median step ms over `TRAIN_REPEATS` warm steps (the state threaded through,
 as the loop does), MFU (`metrics_log.train_flops_per_token` over the device's bf16 peak) and the
 largest compiled temp memory of the step's programs.
 """
@@ -28,6 +28,8 @@ from jaxrl_sys.train.loop import metrics_log
 from jaxrl_sys.train.step import batch as batch_lib
 
 MiB = 2 ** 20
+# Warm steps timed per row (at most): a step takes 0.2-1 s on an H100, five give a stable median.
+TRAIN_REPEATS = 5
 
 
 def train_batch(c: ModelConfig, groups: int, group: int, lp: int, lr: int, key):
@@ -100,8 +102,11 @@ def _train_row(c: ModelConfig, shape, micro_groups: int | None, fns, state, repe
     def one():
       cell[0] = step(cell[0])
       return cell[0].step
-    profile[f"train {name}"] = gpu_profile.profile_ops(one, calls=2,
-                                                       out_dir=profile["dir"] + "/train")
+    ops, tot = gpu_profile.profile_summary(one, calls=2, out_dir=profile["dir"] + "/train")
+    profile[f"train {name}"] = ops
+    profile.setdefault("totals", {})[f"train {name}"] = {
+        "ms_per_step": tot["ms_per_call"], "kernels_per_step": tot["count_per_call"],
+        "copy_share": tot["copy_share"], "update_slice_share": tot["update_slice_share"]}
     state = cell[0]
   return row, state
 
@@ -125,7 +130,8 @@ def train_section(s, info: dict, profile: dict | None = None) -> list[dict]:
       try:
         if state is None:
           state = init_train_state(c, tc, programs.optimizer, mesh=mesh)
-        row, state = _train_row(c, shape, micro, programs.fns, state, s.repeats,
+        row, state = _train_row(c, shape, micro, programs.fns, state,
+                                min(s.repeats, TRAIN_REPEATS),
                               info["peak_flops"], profile, name)
       except Exception as e:  # pylint: disable=broad-except  # an OOM is the measurement
         prompts, group, lp, lr = shape

@@ -40,3 +40,13 @@ def test_gpu_benchmark_quick(tmp_path, monkeypatch):
   for ops in saved["profile"].values():
     assert ops and all(o["ms_per_call"] >= 0 and 0 <= o["share"] <= 1 for o in ops)
     assert sum(o["share"] for o in ops) <= 1 + 1e-6
+  # Totals over all ops: kernels per step and the time shares of copies / slice updates.
+  assert set(saved["profile_totals"]) == {"decode_b4", "train Qwen3-MoE"}
+  for tot in saved["profile_totals"].values():
+    assert tot["kernels_per_step"] > 0 and tot["ms_per_step"] > 0
+    assert 0 <= tot["copy_share"] <= 1 and 0 <= tot["update_slice_share"] <= 1
+
+
+def test_device_slug_names_the_results():
+  assert gpu.device_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
+  assert gpu.device_slug("NVIDIA H200") == "h200" and gpu.device_slug("cpu") == "cpu"
