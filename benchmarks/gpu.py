@@ -15,9 +15,11 @@ Two models built from configs with random bf16 weights (no download): a Qwen2.5-
   `jaxrl_sys.backend.KERNELS` beside the naive reference (full logits / XLA masked attention /
   equal-group einsum), forward and forward+backward ms, TFLOP/s, compiled temp memory; the
   `impl="auto"` choice is marked, so the table shows whether auto is the fastest path;
-- decode: `models.generate` (256 new tokens) at batch 64 and 256 on the 0.5B shape: tok/s, ms per
-  step, and the HBM floor (weights + the average KV cache read once per step at the device's
-  bandwidth) as a fraction of the measured step;
+- decode (`benchmarks.gpu_decode`): `models.generate` (256 new tokens) at batch 64 and 256 on
+  the 0.5B shape: tok/s, ms per step, the HBM floor (weights + the average KV cache read once
+  per step at the device's bandwidth) as a fraction of the measured step, and what the compiled
+  step loop runs per step (`benchmarks.hlo_stats`: kernels, copies and their bytes); on a GPU
+  also the same program compiled with XLA options that may remove the per-step copies;
 - train: one GRPO train step (fwd+bwd+AdamW) on both models, run as the CLI runs it
   (`benchmarks.gpu_train`): 8 x 8 x (32+256) as one program, and the issue's 32 x 8 x (32+256)
   in micro-batches of the CLI's default m_b groups, gradients accumulated before one update;
@@ -42,10 +44,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import gpu_profile
+from benchmarks.gpu_decode import decode_section
 from benchmarks.gpu_train import train_section
 from benchmarks.common import print_table, write_json
-from jaxrl_sys import backend, kernels, models
+from jaxrl_sys import backend, kernels
 from jaxrl_sys.models.config import ModelConfig, MoEConfig
 from jaxrl_sys.train.loop import metrics_log
 from jaxrl_sys.train.recipe.run_config import RunConfig
@@ -261,53 +263,10 @@ def tune_section(s: Sizes) -> list[dict]:
   return rows
 
 
-def _param_bytes(params) -> int:
-  return sum(int(a.size) * a.dtype.itemsize for a in jax.tree.leaves(params))
-
-
-def decode_section(s: Sizes, info: dict, profile: dict | None = None) -> list[dict]:
-  c = s.dense
-  params = models.init_params(c, jax.random.PRNGKey(0))
-  sampling = models.SamplingConfig(temperature=1.0, max_new_tokens=s.new_tokens, stop_tokens=())
-  kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * jnp.dtype(c.cdtype).itemsize
-  rows = []
-  for batch in s.decode_batches:
-    prompts = jax.random.randint(jax.random.PRNGKey(batch), (batch, s.prompt_len), 3, c.vocab_size)
-    run = lambda k: models.generate(params, c, prompts, key=k, sampling=sampling)  # noqa: E731
-    t0 = time.perf_counter()
-    jax.block_until_ready(run(jax.random.PRNGKey(0)).tokens)
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    out = run(jax.random.PRNGKey(1))
-    jax.block_until_ready(out.tokens)
-    secs = time.perf_counter() - t0
-    step_ms = secs / s.new_tokens * 1e3
-    # One step reads every weight once and, per row, the KV cache at its average length.
-    floor_bytes = _param_bytes(params) + batch * kv_per_token * (s.prompt_len + s.new_tokens / 2)
-    bw = info["hbm_bytes_per_s"]
-    floor_ms = floor_bytes / bw * 1e3 if bw else None
-    rows.append({"section": "decode", "name": "generate", "impl": "auto",
-                 "shape": f"0.5B b{batch} p{s.prompt_len} +{s.new_tokens}",
-                 "tok_per_s": batch * s.new_tokens / secs, "step_ms": step_ms,
-                 "hbm_floor_ms": floor_ms, "roofline_frac": floor_ms / step_ms if bw else None,
-                 "compile_s": compile_s, "generated": int(out.lengths.sum())})
-    if profile is not None and batch == s.decode_batches[0]:
-      ops, tot = gpu_profile.profile_summary(lambda: run(jax.random.PRNGKey(2)).tokens, calls=2,
-                                             out_dir=profile["dir"] + f"/decode_b{batch}")
-      for r in ops:   # per decode step (prefill included, spread over the steps)
-        r["ms_per_step"], r["count_per_step"] = (r["ms_per_call"] / s.new_tokens,
-                                                 r["count_per_call"] / s.new_tokens)
-      profile[f"decode_b{batch}"] = ops
-      profile.setdefault("totals", {})[f"decode_b{batch}"] = {
-          "ms_per_step": tot["ms_per_call"] / s.new_tokens,
-          "kernels_per_step": tot["count_per_call"] / s.new_tokens,
-          "copy_share": tot["copy_share"], "update_slice_share": tot["update_slice_share"]}
-  return rows
-
-
 COLUMNS = ("section", "name", "impl", "auto", "shape", "fwd_ms", "fwdbwd_ms", "fwdbwd_tflops",
            "vs_naive", "fwd_temp_mib", "fwdbwd_temp_mib", "mem_vs_naive", "tok_per_s", "step_ms",
-           "hbm_floor_ms", "roofline_frac", "micro_batches", "mfu", "error")
+           "hbm_floor_ms", "roofline_frac", "kernels_per_step", "copy_mib_per_step",
+           "micro_batches", "mfu", "error")
 
 
 def main(argv=None) -> dict:

@@ -108,7 +108,7 @@ def check(rows: list[dict]) -> list[dict]:
   else:
     out.append(_missing("grouped matmul fwd+bwd", goal, "no timed auto row"))
   # Decode.
-  decode = [r for r in rows if r.get("section") == "decode"]
+  decode = [r for r in rows if r.get("section") == "decode" and r.get("impl") == "auto"]
   for r in decode or [None]:
     goal = f">= {DECODE_ROOFLINE:.0%} of HBM roofline"
     if r is None or r.get("roofline_frac") is None:
@@ -135,7 +135,8 @@ def check(rows: list[dict]) -> list[dict]:
 
 
 ROW_COLUMNS = ("section", "name", "impl", "auto", "shape", "fwdbwd_ms", "vs_naive",
-               "fwdbwd_temp_mib", "step_ms", "roofline_frac", "mfu", "error")
+               "fwdbwd_temp_mib", "step_ms", "roofline_frac", "kernels_per_step",
+               "copy_mib_per_step", "mfu", "error")
 
 
 def main(argv=None) -> list[dict]:

@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 BUDGET=${GPU_CHECK_BUDGET_S:-270}
 read -r -a stages <<<"${STAGES:-decode train kernels suite}"
-declare -A RESERVE=([decode]=40 [train]=90 [kernels]=60 [suite]=60)
+declare -A RESERVE=([decode]=60 [train]=80 [kernels]=50 [suite]=60)
 export PYTHONUNBUFFERED=1
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jaxrl_gpu_jax_cache}
 stamp=$(date -u +%Y%m%d_%H%M%S)

@@ -30,6 +30,10 @@ def test_gpu_benchmark_quick(tmp_path, monkeypatch):
   assert dec["generated"] == s.decode_batches[0] * s.new_tokens    # no stop token: all tokens
   assert (dec["roofline_frac"] is None) == (not gpu_host)          # no HBM figure for a CPU
   assert dec["tok_per_s"] > 0
+  # What the compiled step loop runs per step (`benchmarks.hlo_stats` of generate's program):
+  # at least the step's own sampling and the layer loop's kernels, copies counted in bytes.
+  assert dec["kernels_per_step"] > s.dense.num_layers and dec["copies_per_step"] >= 0
+  assert dec["copy_mib_per_step"] >= 0 and dec["update_slices_per_step"] >= 1   # cache write
   train = [r for r in rows if r["section"] == "train"]
   # The one-program step and the CLI's micro-batched step (2 groups, m_b = 1: two micro-batches).
   assert [(r["name"], r["impl"], r["micro_batches"]) for r in train] == [

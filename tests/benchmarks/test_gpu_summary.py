@@ -39,8 +39,11 @@ def test_goal_edges():
       k | dict(name="grouped_matmul", impl="pallas", auto="<- auto",
                shape="m1024 d64 f32 E8 bf16", fwdbwd_ms=1.0, vs_naive=0.7,
                fwdbwd_temp_mib=0.375),
-      dict(section="decode", shape="b4", roofline_frac=0.5, step_ms=1.0, tok_per_s=4.0),
-      dict(section="decode", shape="b8", roofline_frac=None, step_ms=1.0, tok_per_s=8.0),
+      dict(section="decode", impl="auto", shape="b4", roofline_frac=0.5, step_ms=1.0,
+           tok_per_s=4.0),
+      dict(section="decode", impl="auto", shape="b8", roofline_frac=None, step_ms=1.0,
+           tok_per_s=8.0),
+      dict(section="decode", impl="dynamic-slice fusion", shape="b4", error="unknown option"),
       dict(section="train", name="grpo step dense 0.5B", impl="1 program", shape="8x8",
            mfu=0.9, step_ms=1.0),                                 # not the CLI's row
       dict(section="train", name="grpo step dense 0.5B", impl="2 x 16 groups", shape="32x8",
