@@ -266,7 +266,7 @@ def tune_section(s: Sizes) -> list[dict]:
 COLUMNS = ("section", "name", "impl", "auto", "shape", "fwd_ms", "fwdbwd_ms", "fwdbwd_tflops",
            "vs_naive", "fwd_temp_mib", "fwdbwd_temp_mib", "mem_vs_naive", "tok_per_s", "step_ms",
            "hbm_floor_ms", "roofline_frac", "kernels_per_step", "copy_mib_per_step",
-           "micro_batches", "mfu", "error")
+           "write_mib_per_step", "micro_batches", "mfu", "error")
 
 
 def main(argv=None) -> dict:

@@ -51,8 +51,10 @@ def _hlo_columns(text: str) -> dict:
   step = hlo_stats.per_step(text) or {}
   return {"kernels_per_step": step.get("kernels"), "copies_per_step": step.get("copies"),
           "copy_mib_per_step": (step["copy_bytes"] / MiB) if step else None,
+          "write_mib_per_step": (step["write_bytes"] / MiB) if step else None,
           "slice_fusions_per_step": step.get("slice_fusions"),
-          "update_slices_per_step": step.get("update_slices")}
+          "update_slices_per_step": step.get("update_slices"),
+          "largest_writes": hlo_stats.per_step_largest(text)}
 
 
 def _row(impl: str, secs: float, *, shape: str, tokens: int, steps: int,

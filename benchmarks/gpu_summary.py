@@ -136,7 +136,7 @@ def check(rows: list[dict]) -> list[dict]:
 
 ROW_COLUMNS = ("section", "name", "impl", "auto", "shape", "fwdbwd_ms", "vs_naive",
                "fwdbwd_temp_mib", "step_ms", "roofline_frac", "kernels_per_step",
-               "copy_mib_per_step", "mfu", "error")
+               "copy_mib_per_step", "write_mib_per_step", "mfu", "error")
 
 
 def main(argv=None) -> list[dict]:
@@ -152,6 +152,10 @@ def main(argv=None) -> list[dict]:
                                                         for r in rows)])
   for what, tot in totals.items():
     print(f"profile {what}: " + ", ".join(f"{k} {v:.4g}" for k, v in tot.items()))
+  for r in rows:   # where a decode step's bytes are written (benchmarks.hlo_stats)
+    for loop, writes in (r.get("largest_writes") or {}).items():
+      print(f"largest writes {r['impl']} {r['shape']} {loop}: " + ", ".join(
+          f"{name} ({op}) {mib:.3g} MiB" for name, op, mib in writes[:3]))
   lines = check(rows)
   print_table(lines)
   return lines

@@ -7,9 +7,10 @@ tuple, get-tuple-element, bitcast, constant, control flow) runs as one kernel on
 fusion, a library call (custom-call: cuBLAS, cuDNN, Triton), a copy, an in-place
 dynamic-update-slice. For each while loop, `loop_stats` counts those kernels in its body, the
 copies among them and the bytes they write, the fusions that only slice (`dynamic-slice` in the
-fusion's name: on a GPU these materialize a slice, e.g. one layer of a stacked weight or cache)
-and the in-place updates, per iteration of the loop and per iteration including its nested
-loops (times their trip counts, where XLA knows them).
+fusion's name: on a GPU these materialize a slice, e.g. one layer of a stacked weight or cache),
+the in-place updates and the bytes the other kernels write, per iteration of the loop and per
+iteration including its nested loops (times their trip counts, where XLA knows them); and the
+kernels with the largest outputs (a whole-cache convert or copy per step shows there).
 """
 from __future__ import annotations
 
@@ -73,15 +74,28 @@ def computations(text: str) -> dict[str, list[tuple[str, str, str, str]]]:
   return comps
 
 
+def _is_update(inst) -> bool:
+  return bool(re.search(r"dynamic[-_]update[-_]slice|scatter", inst[0] + inst[2]))
+
+
 def _own(instructions) -> dict:
   kernels = [i for i in instructions if i[2] not in FREE]
   copies = [i for i in kernels if i[2] == "copy"]
   return {"kernels": len(kernels), "copies": len(copies),
           "copy_bytes": sum(shape_bytes(i[1]) for i in copies),
+          # Bytes the kernels write, in-place updates left out (their output is the whole
+          # buffer, but they write only the update).
+          "write_bytes": sum(shape_bytes(i[1]) for i in kernels if not _is_update(i)),
           "slice_fusions": sum(1 for i in kernels if i[2] == "fusion"
                                and re.search(r"dynamic[-_]slice", i[0])),
-          "update_slices": sum(1 for i in kernels if re.search(r"dynamic[-_]update[-_]slice|"
-                                                                r"scatter", i[0] + i[2]))}
+          "update_slices": sum(1 for i in kernels if _is_update(i))}
+
+
+def largest_writes(instructions, n: int = 5) -> list[tuple[str, str, float]]:
+  """The `n` kernels of `instructions` with the largest outputs: (name, opcode, MiB)."""
+  kernels = [i for i in instructions if i[2] not in FREE and not _is_update(i)]
+  kernels.sort(key=lambda i: -shape_bytes(i[1]))
+  return [(i[0], i[2], shape_bytes(i[1]) / 2 ** 20) for i in kernels[:n]]
 
 
 def _called(rest: str) -> list[str]:
@@ -136,7 +150,8 @@ def loop_stats(text: str) -> list[dict]:
 
   rows = [{"loop": name, "body": body, "parent": parent, "depth": depth(body),
            "trip_count": trip, "own": _own(inlined.get(body, [])),
-           "per_iteration": per_iteration(body)}
+           "per_iteration": per_iteration(body),
+           "largest_writes": largest_writes(inlined.get(body, []))}
           for body, (parent, trip, name) in loops.items()]
   return sorted(rows, key=lambda r: (r["depth"], r["loop"]))
 
@@ -154,3 +169,19 @@ def per_step(text: str) -> dict | None:
     return None
   best = max(top, key=lambda r: r["per_iteration"]["kernels"])
   return {"loop": best["loop"], "trip_count": best["trip_count"], **best["per_iteration"]}
+
+
+def per_step_largest(text: str, n: int = 5) -> dict[str, list]:
+  """`largest_writes` of the `per_step` loop's body and of each loop nested in it, by loop
+  name (with its trip count): where a step's bytes are written."""
+  rows = loop_stats(text)
+  step = per_step(text)
+  if step is None:
+    return {}
+  body = next(r["body"] for r in rows if r["loop"] == step["loop"])
+  out = {f"{step['loop']} (step)": next(r["largest_writes"] for r in rows
+                                        if r["loop"] == step["loop"])}
+  for r in rows:
+    if r["parent"] == body:
+      out[f"{r['loop']} (x{r['trip_count']})"] = r["largest_writes"][:n]
+  return out

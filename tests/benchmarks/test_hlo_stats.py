@@ -50,18 +50,25 @@ def test_counts_per_loop_and_per_step():
   assert hlo_stats.shape_bytes("(s32[], bf16[2,8]{1,0})") == 4 + 32
   s = hlo_stats.summary(HLO)
   # Entry: one copy of f32[16] (the while, tuple and parameter are no kernels).
-  assert s["entry"] == dict(kernels=1, copies=1, copy_bytes=64, slice_fusions=0,
+  assert s["entry"] == dict(kernels=1, copies=1, copy_bytes=64, write_bytes=64, slice_fusions=0,
                             update_slices=0)
   outer, inner = s["loops"]
   assert (outer["loop"], outer["depth"], outer["trip_count"]) == ("while.0", 0, 256)
   assert (inner["loop"], inner["parent"], inner["trip_count"]) == ("while.1", "outer_body", 24)
   # Layer body: a copy of bf16[2,8] (32 bytes), a slicing fusion and a library call.
-  assert inner["own"] == dict(kernels=3, copies=1, copy_bytes=32, slice_fusions=1,
-                              update_slices=0)
+  # Writes: the copy (32 bytes), the slice and the product (bf16[8]: 16 bytes each).
+  assert inner["own"] == dict(kernels=3, copies=1, copy_bytes=32, write_bytes=64,
+                              slice_fusions=1, update_slices=0)
   # Step body: the update fusion and the called computation's s32 copy, plus 24 layers.
-  assert outer["own"] == dict(kernels=2, copies=1, copy_bytes=4, slice_fusions=0,
-                              update_slices=1)
+  # (the in-place update's f32[16] output is not counted as written).
+  assert outer["own"] == dict(kernels=2, copies=1, copy_bytes=4, write_bytes=4,
+                              slice_fusions=0, update_slices=1)
   assert outer["per_iteration"] == dict(kernels=2 + 24 * 3, copies=1 + 24, copy_bytes=4 + 24 * 32,
-                                        slice_fusions=24, update_slices=1)
+                                        write_bytes=4 + 24 * 64, slice_fusions=24,
+                                        update_slices=1)
   assert hlo_stats.per_step(HLO) == dict(loop="while.0", trip_count=256, **outer["per_iteration"])
   assert hlo_stats.per_step("HloModule empty\n") is None
+  largest = hlo_stats.per_step_largest(HLO)
+  assert largest["while.0 (step)"] == [("copy.3", "copy", 4 / 2 ** 20)]
+  assert [n for n, _, _ in largest["while.1 (x24)"]] == ["copy.2", "dynamic-slice_fusion",
+                                                          "gemm"]
