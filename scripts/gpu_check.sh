@@ -30,15 +30,18 @@ suite_log=$results/gpu_check_${stamp}_suite.log
 start=$SECONDS
 status=()
 
+for stage in "${stages[@]}"; do
+  if [ -z "${RESERVE[$stage]+x}" ]; then
+    echo "unknown stage '$stage' in STAGES: use decode, train, kernels, suite" >&2
+    exit 2
+  fi
+done
+
 nvidia-smi --query-gpu=name,compute_cap,memory.used,memory.total,driver_version \
   --format=csv,noheader 2>&1 | tee -a "$log"
 
 for i in "${!stages[@]}"; do
   stage=${stages[$i]}
-  if [ -z "${RESERVE[$stage]+x}" ]; then
-    echo "unknown stage '$stage': use decode, train, kernels, suite" >&2
-    exit 2
-  fi
   keep=0
   for later in "${stages[@]:$((i + 1))}"; do keep=$((keep + ${RESERVE[$later]:-0})); done
   left=$((BUDGET - (SECONDS - start) - keep))
