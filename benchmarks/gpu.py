@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import re
 import time
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -173,9 +174,8 @@ def _pallas_ok(with_pallas: bool) -> bool:
   return with_pallas or backend.platform() == "gpu"
 
 
-def kernel_section(s: Sizes, with_pallas: bool) -> list[dict]:
+def kernel_section(s: Sizes, with_pallas: bool) -> Iterator[dict]:
   key = jax.random.PRNGKey(0)
-  rows = []
   # Fused log-probs.
   t, d, v = s.logprobs
   h = jax.random.normal(key, (t, d), jnp.bfloat16)
@@ -184,8 +184,8 @@ def kernel_section(s: Sizes, with_pallas: bool) -> list[dict]:
   impls = [i for i in backend.KERNELS["fused_logprobs"] if i != "pallas" or _pallas_ok(with_pallas)]
   variants = {"naive": lambda h, w, y: kernels.logprobs_reference(h, w, y)}
   variants |= {i: functools.partial(kernels.fused_logprobs, impl=i) for i in impls}
-  rows += _kernel_rows("fused_logprobs", f"T{t} d{d} V{v} bf16", variants, (h, w, y),
-                       2 * t * d * v, "naive", backend.kernel_impl("fused_logprobs"), s)
+  yield from _kernel_rows("fused_logprobs", f"T{t} d{d} V{v} bf16", variants, (h, w, y),
+                          2 * t * d * v, "naive", backend.kernel_impl("fused_logprobs"), s)
   # Flash attention (causal, no padding).
   b, sq, hq, hkv, dh = s.attention
   q = jax.random.normal(key, (b, sq, hq, dh), jnp.bfloat16)
@@ -197,9 +197,9 @@ def kernel_section(s: Sizes, with_pallas: bool) -> list[dict]:
   grads = {i: jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v).astype(jnp.float32)), (0, 1, 2))
            for i, f in variants.items()}
   auto = backend.kernel_impl("flash_attention", dtype=q.dtype, head_dim=dh)
-  rows += _kernel_rows("flash_attention", f"B{b} S{sq} Hq{hq} Hkv{hkv} D{dh} bf16 causal",
-                       variants, (q, k, vv), 2 * 2 * b * hq * sq * sq * dh / 2, "xla", auto, s,
-                       fwd_bwd=grads)
+  yield from _kernel_rows("flash_attention", f"B{b} S{sq} Hq{hq} Hkv{hkv} D{dh} bf16 causal",
+                          variants, (q, k, vv), 2 * 2 * b * hq * sq * sq * dh / 2, "xla", auto,
+                          s, fwd_bwd=grads)
   if not s.quick:   # the train batches' layout: right-padded rows (3/4 of the rows shorter)
     seg = (jnp.arange(sq)[None, :] < jnp.array([sq, sq * 3 // 4, sq // 2, sq // 4] * (b // 4)
                                                + [sq] * (b % 4))[:, None]).astype(jnp.int32)
@@ -207,9 +207,9 @@ def kernel_section(s: Sizes, with_pallas: bool) -> list[dict]:
                 for i in impls}
     grads = {i: jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v).astype(jnp.float32)),
                          (0, 1, 2)) for i, f in variants.items()}
-    rows += _kernel_rows("flash_attention", f"B{b} S{sq} Hq{hq} Hkv{hkv} D{dh} bf16 right-padded",
-                         variants, (q, k, vv), 2 * 2 * b * hq * sq * sq * dh / 2, "xla", auto, s,
-                         fwd_bwd=grads)
+    yield from _kernel_rows(
+        "flash_attention", f"B{b} S{sq} Hq{hq} Hkv{hkv} D{dh} bf16 right-padded", variants,
+        (q, k, vv), 2 * 2 * b * hq * sq * sq * dh / 2, "xla", auto, s, fwd_bwd=grads)
   # Grouped matmul (equal groups, so the einsum reference does the same work).
   m, dm, f, e = s.gmm
   x = jax.random.normal(key, (m, dm), jnp.bfloat16)
@@ -219,10 +219,9 @@ def kernel_section(s: Sizes, with_pallas: bool) -> list[dict]:
   variants = {"einsum_equal_groups":
               lambda x, w: jnp.einsum("etd,edf->etf", x.reshape(e, m // e, dm), w)}
   variants |= {i: (lambda x, w, i=i: kernels.grouped_matmul(x, w, sizes_, impl=i)) for i in impls}
-  rows += _kernel_rows("grouped_matmul", f"m{m} d{dm} f{f} E{e} bf16", variants, (x, wt),
-                       2 * m * dm * f, "einsum_equal_groups",
-                       backend.kernel_impl("grouped_matmul"), s)
-  return rows
+  yield from _kernel_rows("grouped_matmul", f"m{m} d{dm} f{f} E{e} bf16", variants, (x, wt),
+                          2 * m * dm * f, "einsum_equal_groups",
+                          backend.kernel_impl("grouped_matmul"), s)
 
 
 # --tune: the knobs of the GPU paths, swept at the kernel shapes (fwd+bwd time and temp memory).
@@ -232,7 +231,7 @@ TOKEN_CHUNKS = (128, 256, 512, 1024, 2048)
 TILE_ROWS = (128, 256, 512, 1024)
 
 
-def tune_section(s: Sizes) -> list[dict]:
+def tune_section(s: Sizes) -> Iterator[dict]:
   key = jax.random.PRNGKey(0)
   t, d, v = s.logprobs
   h = jax.random.normal(key, (t, d), jnp.bfloat16)
@@ -252,15 +251,13 @@ def tune_section(s: Sizes) -> list[dict]:
     cases += [("grouped_matmul", f"pallas tiling={tl}", (x, wt),
                lambda x, w, tl=tl: kernels.grouped_matmul(x, w, sizes_, impl="pallas", tiling=tl))
               for tl in GMM_TILINGS]
-  rows = []
   for kernel, knob, args, fn in cases:
     row = {"section": "tune", "name": kernel, "impl": knob}
     try:
       row["fwdbwd_ms"], row["fwdbwd_temp_mib"] = measure(_fwd_bwd(fn), *args, repeats=s.repeats)
     except Exception as e:  # pylint: disable=broad-except
       row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-    rows.append(row)
-  return rows
+    yield row
 
 
 COLUMNS = ("section", "name", "impl", "auto", "shape", "fwd_ms", "fwdbwd_ms", "fwdbwd_tflops",
@@ -288,25 +285,32 @@ def main(argv=None) -> dict:
   sections = args.only or ["kernels", "decode", "train"]
   rows, peaks = [], {}
   profile = None if args.profile is None else {"dir": args.profile}
+  interrupted = None
   for sec in sections:
     t0, c0 = time.perf_counter(), time.process_time()
-    if sec == "kernels":
-      rows += kernel_section(s, args.pallas)
-    elif sec == "decode":
-      rows += decode_section(s, info, profile)
-    elif sec == "tune":
-      rows += tune_section(s)
-    else:
-      rows += train_section(s, info, profile)
+    run = {"kernels": lambda: kernel_section(s, args.pallas),
+           "decode": lambda: decode_section(s, info, profile),
+           "tune": lambda: tune_section(s),
+           "train": lambda: train_section(s, info, profile)}[sec]
+    try:
+      for row in run():   # rows as they are measured: an interrupt keeps those so far
+        rows.append(row)
+    except KeyboardInterrupt:   # a time limit (SIGINT): write what was measured
+      interrupted = sec
+      print(f"{sec}: interrupted; writing the rows measured so far", flush=True)
     peaks[sec] = allocator_peak_mib()
     print(f"{sec}: {time.perf_counter() - t0:.1f}s wall, {time.process_time() - c0:.1f}s cpu, "
           f"allocator peak {peaks[sec]} MiB", flush=True)
+    if interrupted:
+      break
   used = [c for c in COLUMNS if any(r.get(c) not in (None, "") for r in rows)]
-  print_table(rows, used)
+  if rows:
+    print_table(rows, used)
   name = (args.out or ("gpu_quick" if args.quick else "gpu")).format(
       device=device_slug(info["device"]), jax=jax.__version__,
       date=time.strftime("%Y%m%d_%H%M", time.gmtime()))
-  payload = {"device": info, "quick": args.quick, "rows": rows, "allocator_peak_mib": peaks}
+  payload = {"device": info, "quick": args.quick, "rows": rows, "allocator_peak_mib": peaks,
+             "interrupted": interrupted}
   for what, ops in (profile or {}).items():
     if what not in ("dir", "totals"):
       print(f"profile: {what} (top ops)")

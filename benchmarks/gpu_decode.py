@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -72,14 +73,14 @@ def _time_once(fn) -> float:
   return time.perf_counter() - t0
 
 
-def decode_section(s, info: dict, profile: dict | None = None) -> list[dict]:
-  """The decode rows of `s` (a `benchmarks.gpu.Sizes`); see the module docstring."""
+def decode_section(s, info: dict, profile: dict | None = None) -> Iterator[dict]:
+  """The decode rows of `s` (a `benchmarks.gpu.Sizes`), as they are measured; see the module
+  docstring."""
   c = s.dense
   params = models.init_params(c, jax.random.PRNGKey(0))
   sampling = models.SamplingConfig(temperature=1.0, max_new_tokens=s.new_tokens, stop_tokens=())
   kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * jnp.dtype(c.cdtype).itemsize
   bw = info["hbm_bytes_per_s"]
-  rows = []
   for batch in s.decode_batches:
     prompts = jax.random.randint(jax.random.PRNGKey(batch), (batch, s.prompt_len), 3, c.vocab_size)
     run = lambda k: models.generate(params, c, prompts, key=k, sampling=sampling)  # noqa: E731
@@ -100,19 +101,21 @@ def decode_section(s, info: dict, profile: dict | None = None) -> list[dict]:
     out = run(jax.random.PRNGKey(1))
     jax.block_until_ready(out.tokens)
     secs = time.perf_counter() - t0
-    rows.append(row("auto", secs, compile_s=compile_s, generated=int(out.lengths.sum()), **hlo))
+    yield row("auto", secs, compile_s=compile_s, generated=int(out.lengths.sum()), **hlo)
     first = batch == s.decode_batches[0]
     if first and backend.platform() == "gpu" and not s.quick:
-      rows.append(row("auto (compiled, A/B base)",
-                      _time_once(lambda f=compiled, a=args: f(*a).tokens), **hlo))
+      yield row("auto (compiled, A/B base)",
+                _time_once(lambda f=compiled, a=args: f(*a).tokens), **hlo)
       for name, options in XLA_VARIANTS:
         try:
           variant = lowered.compile(compiler_options=options)
-          rows.append(row(name, _time_once(lambda f=variant, a=args: f(*a).tokens),
-                          **_hlo_columns(variant.as_text())))
+          secs = _time_once(lambda f=variant, a=args: f(*a).tokens)
+          extra = _hlo_columns(variant.as_text())
         except Exception as e:  # pylint: disable=broad-except  # an unknown option is a result
-          rows.append({"section": "decode", "name": "generate", "impl": name, "shape": shape,
-                       "error": f"{type(e).__name__}: {str(e)[:160]}"})
+          yield {"section": "decode", "name": "generate", "impl": name, "shape": shape,
+                 "error": f"{type(e).__name__}: {str(e)[:160]}"}
+          continue
+        yield row(name, secs, **extra)
     if profile is not None and first:
       ops, tot = gpu_profile.profile_summary(lambda: run(jax.random.PRNGKey(2)).tokens, calls=2,
                                              out_dir=profile["dir"] + f"/decode_b{batch}")
@@ -124,4 +127,3 @@ def decode_section(s, info: dict, profile: dict | None = None) -> list[dict]:
           "ms_per_step": tot["ms_per_call"] / s.new_tokens,
           "kernels_per_step": tot["count_per_call"] / s.new_tokens,
           "copy_share": tot["copy_share"], "update_slice_share": tot["update_slice_share"]}
-  return rows

@@ -17,6 +17,7 @@ largest compiled temp memory of the step's programs.
 from __future__ import annotations
 
 import time
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -111,14 +112,14 @@ def _train_row(c: ModelConfig, shape, micro_groups: int | None, fns, state, repe
   return row, state
 
 
-def train_section(s, info: dict, profile: dict | None = None) -> list[dict]:
-  """The train rows of `s` (a `benchmarks.gpu.Sizes`); see the module docstring."""
+def train_section(s, info: dict, profile: dict | None = None) -> Iterator[dict]:
+  """The train rows of `s` (a `benchmarks.gpu.Sizes`), as they are measured; see the module
+  docstring."""
   # pylint: disable=import-outside-toplevel
   from jaxrl_sys.sharding import make_mesh
   from jaxrl_sys.train.step.config import TrainConfig
   from jaxrl_sys.train.step.programs import train_programs
   from jaxrl_sys.train.step.state import init_train_state
-  rows = []
   models_ = (("dense 0.5B", s.dense), ("Qwen3-MoE", s.moe))
   # --quick: the MoE model only (the same code; the dense step is compiled by the train tests).
   for name, c in models_[1:] if s.quick else models_:
@@ -140,6 +141,5 @@ def train_section(s, info: dict, profile: dict | None = None) -> list[dict]:
                "shape": f"{prompts}x{group}x({lp}+{lr})",
                "error": f"{type(e).__name__}: {str(e)[:160]}"}
         state = None   # a failed step may have consumed the donated state
-      rows.append(row)
+      yield row
     del state
-  return rows
