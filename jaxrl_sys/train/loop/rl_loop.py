@@ -47,6 +47,7 @@ from jaxrl_sys.rollout.wire import request_to_json
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules
 from jaxrl_sys.train.step import batch as batch_lib
 from jaxrl_sys.train.loop.buffer import Group, RolloutBuffer
+from jaxrl_sys.train.loop.collapse import CollapseWatch
 from jaxrl_sys.train.loop.checkpoint import Checkpointer, CheckpointsUnreadable
 from jaxrl_sys.train.step.config import TrainConfig
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
@@ -429,6 +430,7 @@ class RLLoop:
     counters = client_counters(client)
     self.progress.phase("compiling... (first step)")
     history, preempted = [], False
+    collapse = CollapseWatch(self.progress.message)  # says once when the policy collapses
     try:
       while step < self.lc.steps:
         self.signals.check()
@@ -459,6 +461,7 @@ class RLLoop:
         for hook in self.step_hooks:
           hook(step, state, row)
         diverged = self.guard.check(step, row, self.ckpt)
+        collapse.check(step, row)
         history.append(row)
         self.logger.log(step, row)
         self.progress.update(step, row, newline=step % max(self.lc.log_every, 1) == 0)
