@@ -142,6 +142,12 @@ class PolicyLossConfig:
       raise ValueError(f"logratio_clamp must be > 0, got {self.logratio_clamp}")
 
 
+# The presets follow the published recipes, and three of them (dapo, drgrpo, vcpo) have no KL
+# term: measured on the tiny preset (benchmarks/algorithms.py, docs/algorithms.md), without a
+# KL anchor a high learning rate (5e-3) collapses every algorithm, the vcpo preset included,
+# most surely off-policy (async, max_staleness 8): the reward falls to ~0 within 10-20 steps.
+# With such settings keep kl_coef 0.04 (VCPO then beats GRPO at staleness >= 8) or lower the
+# learning rate; the loop reports a collapse once (train/loop/collapse.py).
 _PRESETS = {
     # DeepSeekMath GRPO: group mean/std, symmetric clip 0.2, k3 KL beta 0.04 in the loss,
     # sequence-mean-token-mean.
@@ -176,6 +182,10 @@ def preset(name: str) -> tuple[AdvantageConfig, PolicyLossConfig]:
 
   Returns:
     The two frozen configs; derive variants with `dataclasses.replace`.
+
+  "dapo", "drgrpo" and "vcpo" have no KL term (their papers' settings): at high learning
+  rates, most surely off-policy, they collapse (docs/algorithms.md); add one with
+  `dataclasses.replace(loss, kl_coef=0.04)`.
   """
   try:
     return _PRESETS[name]

@@ -133,11 +133,11 @@ def collapse_note(onset: Onset, first_step: int = 1) -> str:
   """
   o, s = onset, first_step
   what = (f"policy collapse at step {o.index + s}: over steps {o.start + s}-{o.index + s} the "
-          f"reward averaged {o.reward:.3f}, down from {o.peak:.3f} (steps {o.peak_start + s}-"
+          f"reward averaged {o.reward:.3f} (best {o.peak:.3f}, steps {o.peak_start + s}-"
           f"{o.peak_start + s + o.index - o.start})")
   if math.isfinite(o.uniform):
-    what += (f", and {o.uniform:.0%} of the groups scored all alike (zero advantage, no "
-             "policy gradient)")
+    what += (f" and {o.uniform:.0%} of the groups scored all alike (zero advantage: no policy "
+             "gradient)")
   if math.isfinite(o.entropy) and o.entropy <= 0.1:
     how = (f"the policy entropy collapsed to {o.entropy:.3f} nats/token (from "
            f"{o.entropy_start:.2f}): it samples the same completion every time")
@@ -148,11 +148,10 @@ def collapse_note(onset: Onset, first_step: int = 1) -> str:
            "length limit")
   else:
     how = f"entropy {o.entropy:.2f} nats/token (from {o.entropy_start:.2f})"
-  return (f"{what}; {how}. Training goes on but is unlikely to recover. Usual causes: no KL "
-          "anchor (kl_coef 0: the dapo, drgrpo and vcpo presets) with a high learning rate, "
-          "stale off-policy samples (async mode, a large max_staleness). What to do: lower "
-          "--learning_rate, keep a KL term (--kl_coef=0.04), lower --max_staleness, and resume "
-          f"from a checkpoint saved before step {o.start + s} (docs/algorithms.md).")
+  return (f"{what}; {how}. The run goes on but rarely recovers. Usual causes: no KL anchor "
+          "(--kl_coef=0; the dapo, drgrpo and vcpo presets) with a high --learning_rate, stale "
+          "samples (--mode=async with a large --max_staleness). Rerun with a lower "
+          "--learning_rate, --kl_coef=0.04 or a lower --max_staleness (docs/algorithms.md).")
 
 
 class CollapseWatch:

@@ -14,7 +14,8 @@ Owns every side effect: the rollout client, signals, checkpoints, logs. One iter
    requests still in flight are aborted into the buffer (resubmitted first at the next
    admission, their remaining tokens gated to the new version); in async mode in-flight requests
    keep generating on the new weights (the engine recomputes their KV on the swap: AReaL's
-   interruptible generation); metrics are logged and a checkpoint saved when due. The
+   interruptible generation); metrics are logged (a policy collapse is reported once:
+   `train.loop.collapse`) and a checkpoint saved when due. The
    checkpoint holds the rollout client's `snapshot()` of in-flight token state, so a resumed run
    resubmits exactly what was in flight.
 

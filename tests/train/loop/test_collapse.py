@@ -56,7 +56,7 @@ def test_degenerate_outputs_fire_at_the_fifth_stuck_step():
   note = collapse_note(onset)
   assert note.startswith("policy collapse at step 15: over steps 11-15")
   assert "outputs degenerated" in note and "5% of the responses" in note
-  assert "--kl_coef=0.04" in note and "before step 11" in note
+  assert "--kl_coef=0.04" in note and "(best 0.300, steps 1-5)" in note
 
 
 def test_entropy_collapse_fires_through_the_entropy_branch():
