@@ -123,9 +123,10 @@ def run_cell(c: Cell, seed: int) -> dict:
   settings = dict(c.settings)
   task = LengthLog(c.task()) if c.lengths else (c.task() if c.task else None)
   recipe = build_recipe(RecipeConfig(progress=False, seed=seed, **settings), task=task)
-  if c.loss:
-    recipe.train = dataclasses.replace(recipe.train, loss=dataclasses.replace(
-        recipe.train.loss, **dict(c.loss)))
+  if c.loss:  # a loss variant the flags do not offer (DAPO's clip range): nothing derives from it
+    train = recipe.plan.train
+    recipe.plan = dataclasses.replace(recipe.plan, train=dataclasses.replace(
+        train, loss=dataclasses.replace(train.loss, **dict(c.loss))))
   logger = logging.getLogger("jaxrl_sys.train.loop.metrics_log")
   handler, level, propagate = _Notes(), logger.level, logger.propagate
   logger.addHandler(handler)
@@ -133,7 +134,7 @@ def run_cell(c: Cell, seed: int) -> dict:
   logger.propagate = False  # the notes are collected here, not printed once per run
   t0 = time.perf_counter()
   try:
-    hist = run_recipe(recipe, messages=False).history
+    hist = run_recipe(recipe, messages=False).run.history
   finally:
     logger.removeHandler(handler)
     logger.setLevel(level)

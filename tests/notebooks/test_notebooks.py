@@ -18,9 +18,9 @@ def test_every_notebook_is_tested_and_installs_itself():
 
 def test_quickstart_trains_and_draws_the_reward_curve(tmp_path):
   nb, v = run_notebook("01_quickstart_grpo.ipynb", str(tmp_path), probe=(
-      "dict(rewards=[h['reward_mean'] for h in result.history], "
-      "evals=[h['eval_reward'] for h in result.history if 'eval_reward' in h], "
-      "run_dir=recipe.config.out_dir)"))
+      "dict(rewards=[h['reward_mean'] for h in result.run.history], "
+      "evals=[h['eval_reward'] for h in result.run.history if 'eval_reward' in h], "
+      "run_dir=recipe.config.output.out_dir)"))
   assert len(v["rewards"]) == 3 and all(0 <= r <= 1 for r in v["rewards"])
   assert len(v["evals"]) == 1 and 0 <= v["evals"][0] <= 1
   run_dir = os.path.join(tmp_path, v["run_dir"])

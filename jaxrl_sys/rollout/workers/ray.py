@@ -93,6 +93,10 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None,
   if address:
     kw["address"] = address
   else:
+    # "local": always a new instance of our own. Without it Ray joins whatever cluster
+    # /tmp/ray/ray_current_cluster names (another job's `ray start`, or a stale file left by a
+    # killed one) and then refuses `num_cpus`.
+    kw["address"] = "local"
     kw["num_cpus"] = num_cpus if num_cpus is not None else max(os.cpu_count() or 1, 4)
     kw["object_store_memory"] = object_store_memory or 256 * 2 ** 20
   try:
