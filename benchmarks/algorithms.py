@@ -246,6 +246,15 @@ def comparisons(s: Sizes, only) -> list[Comparison]:
         out.append(Comparison(
             "vcpo", "VCPO beats GRPO off-policy", f"async max_staleness={st}, lr 5e-3, KL {kl}",
             "eval_reward", a, b, +1, 0.05))
+        if kl and st >= 8:
+          # Control: VCPO's ESS scale multiplies the step by ~0.6 at this staleness (the
+          # lr_scale metric); GRPO at lr 3e-3 asks whether the gain is just a smaller step.
+          slow = cell(f"grpo async eta={st} kl={kl} lr=3e-3", algo="grpo",
+                      **dict(base, learning_rate=3e-3))
+          out.append(Comparison(
+              "vcpo", "... and GRPO at VCPO's mean step", f"async max_staleness={st}, GRPO lr "
+              f"3e-3 vs VCPO lr 5e-3 (ESS scale ~0.6), KL {kl}", "eval_reward", slow, b, +1,
+              0.05))
   if "dapo" in only:
     base = dict(algo="dapo", steps=s.rl_steps, prompts_per_step=s.rl_prompts, **STRESS)
     a = cell("dapo clip 0.2/0.2", loss={"clip_eps_high": 0.2}, **base)
@@ -318,6 +327,8 @@ def compare(c: Comparison, runs: dict) -> dict:
          "A_values": a.tolist(), "B_values": b.tolist()}
   if "collapse_step" in a_runs[0]:
     row["collapsed"] = [sum(r["collapse_step"] is not None for r in x) for x in (a_runs, b_runs)]
+    if row["collapsed"] == [len(a), len(b)]:
+      row["verdict"] += " (both arms collapse in every seed)"
   if c.regime == "vcpo":
     row["staleness_mean"] = float(np.mean([r["staleness_mean"] for r in a_runs + b_runs]))
     row["B_lr_scale_mean"] = float(np.mean([r["lr_scale_mean"] for r in b_runs]))
