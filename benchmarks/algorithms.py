@@ -255,6 +255,14 @@ def comparisons(s: Sizes, only) -> list[Comparison]:
               "vcpo", "... and GRPO at VCPO's mean step", f"async max_staleness={st}, GRPO lr "
               f"3e-3 vs VCPO lr 5e-3 (ESS scale ~0.6), KL {kl}", "eval_reward", slow, b, +1,
               0.05))
+        if kl and st == max(s.vcpo_staleness):
+          # The same staleness at a learning rate where GRPO learns stably (the tiny preset's).
+          stable = dict(base, learning_rate=1e-3)
+          out.append(Comparison(
+              "vcpo", "VCPO beats GRPO off-policy", f"async max_staleness={st}, lr 1e-3 "
+              f"(stable), KL {kl}", "eval_reward",
+              cell(f"grpo async eta={st} kl={kl} lr=1e-3", algo="grpo", **stable),
+              cell(f"vcpo async eta={st} kl={kl} lr=1e-3", algo="vcpo", **stable), +1, 0.05))
   if "dapo" in only:
     base = dict(algo="dapo", steps=s.rl_steps, prompts_per_step=s.rl_prompts, **STRESS)
     a = cell("dapo clip 0.2/0.2", loss={"clip_eps_high": 0.2}, **base)
