@@ -5,7 +5,7 @@ samples all score alike has zero advantage and adds no policy gradient. A policy
 (off-policy drift without a KL anchor, a learning rate too high) ends there: either its entropy
 falls to ~0 and it samples the same completion every time, or its outputs degenerate (entropy
 up, responses run to the length limit) and every sample scores 0. The reward falls, the
-gradient vanishes, and the run trains on silently. `collapse_onset` recognises it from the
+gradient vanishes, and the run would train on silently. `collapse_onset` recognises it from the
 per-step metrics rows; `CollapseWatch` (called by the loop on each row) prints the note once.
 
 The rule, over consecutive rows (`CollapseRule` holds the numbers):
