@@ -2,6 +2,10 @@
 means with 95% intervals, a verdict per claim.
 
 Usage: python -m benchmarks.algorithms [--quick] [--seeds 5] [--only mc_grpo,vcpo,...]
+                                      [--merge benchmarks/results/algorithms.json [--rerun R]]
+
+`--merge` reuses a previous file's runs of every cell whose settings and seeds are unchanged
+and runs the rest (a new or changed regime), then rebuilds the whole table.
 
 Every RL run goes through the public recipe API (`build_recipe` / `run_recipe`) on the tiny
 preset and a task shipped in `jaxrl_sys.tasks`; the MoE regime pre-trains the tiny MoE preset.
@@ -15,7 +19,9 @@ rests on is inactive in the runs (said in the verdict). Regimes (see docs/algori
   mc_grpo   MC-GRPO vs GRPO at G = 2, 3, 4, equal samples per step (MC-GRPO's G + 1 counted),
             sparse rewards (a short warm-up: ~10% success at the start); held-out accuracy.
   vcpo      VCPO vs GRPO, async, max_staleness 0 / 2 / 8 / 16, lr 5e-3, KL 0.04 and 0.
-  dapo      DAPO clip-higher (0.2 / 0.28) vs symmetric (0.2 / 0.2): entropy over time.
+  dapo      DAPO clip-higher (0.2 / 0.28) vs symmetric (0.2 / 0.2): entropy over time, with
+            the ratio against the rollout's log-probs (coupled PPO, async max_staleness 8) so
+            that the clip binds (its share of tokens is reported), lr 1e-3 and 5e-3.
   drgrpo    GRPO vs Dr. GRPO (both KL 0) on arithmetic with free trailing length (`filler`):
             length drift of the incorrect responses.
   moe       BIP vs aux-loss vs aux-free on the tiny MoE preset (LM pre-training): MaxVio, loss.
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -123,6 +130,8 @@ def run_cell(c: Cell, seed: int) -> dict:
   settings = dict(c.settings)
   task = LengthLog(c.task()) if c.lengths else (c.task() if c.task else None)
   recipe = build_recipe(RecipeConfig(progress=False, seed=seed, **settings), task=task)
+  if c.lengths:  # held-out prompts of the same task, unlogged: the length log is training's
+    recipe.eval_task = c.task()
   if c.loss:  # a loss variant the flags do not offer (DAPO's clip range): nothing derives from it
     train = recipe.plan.train
     recipe.plan = dataclasses.replace(recipe.plan, train=dataclasses.replace(
@@ -147,12 +156,14 @@ def run_cell(c: Cell, seed: int) -> dict:
          "reward_last": float(np.mean(curve("reward_mean")[-tail:])),
          "entropy_last": float(np.mean(curve("entropy")[-tail:])),
          "clip_frac_max": float(np.max(curve("clip_frac"))),
+         "clip_frac_mean": float(np.mean(curve("clip_frac"))),
+         "clip_frac_high_mean": float(np.mean(curve("clip_frac_high"))),
          "staleness_mean": float(np.mean(curve("staleness_mean"))),
          "lr_scale_mean": float(np.mean(curve("lr_scale"))),
          "collapse_step": None if onset is None else onset.index + 1,
          "collapse_notes": len(handler.notes),
          "entropy": curve("entropy"), "reward": curve("reward_mean"),
-         "response_len": curve("response_len_mean")}
+         "response_len": curve("response_len_mean"), "clip_frac": curve("clip_frac")}
   if c.lengths:
     log = np.asarray(task.log, np.float64).reshape(-1, 2)
     n = len(log) // 5
@@ -264,16 +275,23 @@ def comparisons(s: Sizes, only) -> list[Comparison]:
               cell(f"grpo async eta={st} kl={kl} lr=1e-3", algo="grpo", **stable),
               cell(f"vcpo async eta={st} kl={kl} lr=1e-3", algo="vcpo", **stable), +1, 0.05))
   if "dapo" in only:
-    base = dict(algo="dapo", steps=s.rl_steps, prompts_per_step=s.rl_prompts, **STRESS)
-    a = cell("dapo clip 0.2/0.2", loss={"clip_eps_high": 0.2}, **base)
-    b = cell("dapo clip 0.2/0.28", **base)
-    out.append(Comparison(
-        "dapo", "clip-higher keeps entropy up", "DAPO preset, async max_staleness=8, lr 5e-3",
-        "entropy_last", a, b, +1, 0.05, _dapo_inactive))
+    # Coupled PPO (the ratio against the rollout's log-probs): stale samples move the ratio
+    # off 1, so the clip binds, as it does in DAPO's several updates per rollout batch. With
+    # the trainer's default anchor (the proximal policy, one update per step) it never binds.
+    coupled = {"decoupled": False, "old_policy": "behaviour"}
+    for lr in (1e-3, 5e-3):
+      base = dict(algo="dapo", steps=s.rl_steps, prompts_per_step=s.rl_prompts,
+                  **dict(STRESS, learning_rate=lr), **ev(s.rl_steps))
+      a = cell(f"dapo coupled clip 0.2/0.2 lr={lr:g}", loss=dict(coupled, clip_eps_high=0.2),
+               **base)
+      b = cell(f"dapo coupled clip 0.2/0.28 lr={lr:g}", loss=coupled, **base)
+      out.append(Comparison(
+          "dapo", "clip-higher keeps entropy up", f"DAPO preset (KL 0), coupled PPO ratio, "
+          f"async max_staleness=8, lr {lr:g}", "entropy_last", a, b, +1, 0.05, _dapo_inactive))
   if "drgrpo" in only:
     task = lambda: make_task("arithmetic", num_digits=1, ops="+", filler=8)  # noqa: E731
     base = dict(kl_coef=0.0, steps=s.drgrpo_steps, prompts_per_step=s.rl_prompts,
-                max_new_tokens=12)
+                max_new_tokens=12, **ev(s.drgrpo_steps))
     a = cell("drgrpo filler=8 kl=0", algo="drgrpo", task=task, lengths=True, **base)
     b = cell("grpo filler=8 kl=0", algo="grpo", task=task, lengths=True, **base)
     out.append(Comparison(
@@ -301,9 +319,23 @@ def collapse_cells(s: Sizes, quick: bool) -> list[Cell]:
                                                           s.collapse_prompts)) if v}
   cells = [cell("stress grpo kl=0", kl_coef=0.0, **STRESS, **size)]
   if not quick:
-    cells += [cell("stress vcpo preset", algo="vcpo", **STRESS, **size),
-              cell("quick-start defaults", **size)]
-  return cells
+    cells.append(cell("stress vcpo preset", algo="vcpo", **STRESS, **size))
+  return cells + [cell("quick-start defaults", **size)]
+
+
+def fingerprint(c: Cell) -> str:
+  """What a cell's runs depend on besides the seed (`--merge` reuses runs only when it
+  matches)."""
+  return repr((c.settings, c.loss, c.lengths))
+
+
+def reusable(prev: dict | None, c: Cell, seeds: int) -> list | None:
+  """The runs of `c` in a previous results payload, if they were made with the same settings
+  and number of seeds; None otherwise."""
+  if prev is None or len(prev["runs"].get(c.name, ())) != seeds:
+    return None
+  made = prev.get("cells", {}).get(c.name)  # files written before fingerprints: by name
+  return prev["runs"][c.name] if made in (None, fingerprint(c)) else None
 
 
 def run(c: Cell, seed: int) -> dict:
@@ -340,7 +372,12 @@ def compare(c: Comparison, runs: dict) -> dict:
   if c.regime == "vcpo":
     row["staleness_mean"] = float(np.mean([r["staleness_mean"] for r in a_runs + b_runs]))
     row["B_lr_scale_mean"] = float(np.mean([r["lr_scale_mean"] for r in b_runs]))
-  if c.regime == "dapo":
+  if c.regime == "dapo":  # the clip binds: the share of tokens clipped, mean over the steps
+    row["clip_frac_mean"] = [float(np.mean([r["clip_frac_mean"] for r in x]))
+                             for x in (a_runs, b_runs)]
+    row["clip_frac_high_mean"] = [float(np.mean([r["clip_frac_high_mean"] for r in x]))
+                                  for x in (a_runs, b_runs)]
+    row["eval_reward"] = [interval([r["eval_reward"] for r in x]) for x in (a_runs, b_runs)]
     row["entropy_curve_max_abs_diff"] = float(max(
         np.max(np.abs(np.subtract(x["entropy"], y["entropy"]))) for x, y in zip(a_runs, b_runs)))
   return row
@@ -364,26 +401,49 @@ def main(argv=None) -> dict:
                   help=f"comma-separated regimes among {','.join(REGIMES)} (default all)")
   ap.add_argument("--out", default=None, help="results name (default algorithms / "
                   "algorithms_quick)")
+  ap.add_argument("--merge", default=None, metavar="JSON",
+                  help="a previous results file: its runs of cells with the same settings and "
+                  "seeds are reused, only the others run (new or changed regimes)")
+  ap.add_argument("--rerun", default="", help="with --merge: comma-separated regimes whose "
+                  "cells run again even if the file has them")
   args = ap.parse_args(argv)
   only = [r.strip() for r in args.only.split(",") if r.strip()]
-  bad = sorted(set(only) - set(REGIMES))
+  rerun = {r.strip() for r in args.rerun.split(",") if r.strip()}
+  bad = sorted((set(only) | rerun) - set(REGIMES))
   if bad:
     ap.error(f"unknown regime(s) {bad}; choose among {REGIMES}")
+  prev = None
+  if args.merge:
+    try:
+      with open(args.merge, encoding="utf-8") as f:
+        prev = json.load(f)
+    except (OSError, ValueError) as e:
+      ap.error(f"--merge {args.merge}: cannot read a results file ({e}); run without --merge")
+    if prev.get("quick") != args.quick:
+      ap.error(f"--merge {args.merge}: quick={prev.get('quick')} results do not mix with "
+               f"quick={args.quick} runs")
   s = sizes(args.quick)
   if args.seeds is not None:
     if args.seeds < 2:
       ap.error("--seeds must be >= 2 (an interval needs two)")
     s = dataclasses.replace(s, seeds=args.seeds)
   comps = comparisons(s, only)
-  cells = {}
+  cells, regime = {}, {}
   for c in comps:
-    cells.setdefault(c.a.name, c.a)
-    cells.setdefault(c.b.name, c.b)
+    for x in (c.a, c.b):
+      cells.setdefault(x.name, x)
+      regime.setdefault(x.name, c.regime)
   col = collapse_cells(s, args.quick) if "collapse" in only else []
   cells.update({c.name: c for c in col})
-  runs, timing = {}, {}
+  regime.update({c.name: "collapse" for c in col})
+  runs, timing, reused = {}, {}, []
   t_all, c_all = time.perf_counter(), time.process_time()
   for name, c in cells.items():
+    old = None if regime[name] in rerun else reusable(prev, c, s.seeds)
+    if old is not None:
+      runs[name], timing[name] = old, prev.get("timing", {}).get(name)
+      reused.append(name)
+      continue
     t0, c0 = time.perf_counter(), time.process_time()
     runs[name] = []
     for seed in range(s.seeds):
@@ -403,6 +463,12 @@ def main(argv=None) -> dict:
                   "effect as claimed [95% CI]": _fmt(r["effect_ci"]),
                   "collapsed A/B": "/".join(map(str, r.get("collapsed", []))) or "-",
                   "verdict": r["verdict"]} for r in rows])
+  for r in rows:
+    if "clip_frac_mean" in r:
+      print(f"{r['A']} / {r['B']}: clip fraction {r['clip_frac_mean'][0]:.3f} / "
+            f"{r['clip_frac_mean'][1]:.3f} of tokens (upper clip {r['clip_frac_high_mean'][0]:.3f}"
+            f" / {r['clip_frac_high_mean'][1]:.3f}), held-out accuracy "
+            f"{_fmt(r['eval_reward'][0])} / {_fmt(r['eval_reward'][1])}")
   if collapse:
     print_table([{"run": r["run"], "seeds": r["seeds"], "note fired": r["note_fired"],
                   "rule fired": r["rule_fired"], "onset steps": r["onset_steps"],
@@ -410,8 +476,12 @@ def main(argv=None) -> dict:
                   "entropy last [95% CI]": _fmt(r["entropy_last"])} for r in collapse])
   total = {"wall_s": time.perf_counter() - t_all, "cpu_s": time.process_time() - c_all}
   print(f"total: {total['wall_s']:.0f}s wall, {total['cpu_s']:.0f}s cpu", flush=True)
+  if reused:
+    print(f"reused from {args.merge}: {len(reused)} of {len(cells)} cells", flush=True)
   payload = {"quick": args.quick, "sizes": dataclasses.asdict(s), "regimes": only, "rows": rows,
-             "collapse": collapse, "runs": runs, "timing": timing, "total": total}
+             "collapse": collapse, "runs": runs, "timing": timing, "total": total,
+             "cells": {n: fingerprint(c) for n, c in cells.items()},
+             "merged_from": args.merge, "reused": reused}
   write_json(args.out or ("algorithms_quick" if args.quick else "algorithms"), payload)
   return payload
 
