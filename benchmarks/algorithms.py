@@ -193,17 +193,19 @@ class Sizes:
   moe_batch: tuple  # (sequences, tokens) per pre-training step
   collapse_steps: int | None  # None: the recipe's default (100)
   collapse_prompts: int | None  # None: the recipe's default (64)
+  collapse_seeds: int  # seeds of each collapse run
 
 
 def sizes(quick: bool) -> Sizes:
   if quick:
     return Sizes(seeds=2, eval_prompts=16, mc_groups=(2,), mc_budget=24, mc_steps=6,
                  vcpo_staleness=(8,), vcpo_kl=(0.04,), rl_steps=6, rl_prompts=8, drgrpo_steps=6,
-                 moe_steps=5, moe_batch=(8, 33), collapse_steps=24, collapse_prompts=32)
+                 moe_steps=5, moe_batch=(8, 33), collapse_steps=24, collapse_prompts=32,
+                 collapse_seeds=1)
   return Sizes(seeds=5, eval_prompts=64, mc_groups=(2, 3, 4), mc_budget=60, mc_steps=150,
                vcpo_staleness=(0, 2, 8, 16), vcpo_kl=(0.04, 0.0), rl_steps=50, rl_prompts=32,
                drgrpo_steps=100, moe_steps=300, moe_batch=(16, 65), collapse_steps=None,
-               collapse_prompts=None)
+               collapse_prompts=None, collapse_seeds=5)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,7 +428,7 @@ def main(argv=None) -> dict:
   if args.seeds is not None:
     if args.seeds < 2:
       ap.error("--seeds must be >= 2 (an interval needs two)")
-    s = dataclasses.replace(s, seeds=args.seeds)
+    s = dataclasses.replace(s, seeds=args.seeds, collapse_seeds=args.seeds)
   comps = comparisons(s, only)
   cells, regime = {}, {}
   for c in comps:
@@ -439,14 +441,15 @@ def main(argv=None) -> dict:
   runs, timing, reused = {}, {}, []
   t_all, c_all = time.perf_counter(), time.process_time()
   for name, c in cells.items():
-    old = None if regime[name] in rerun else reusable(prev, c, s.seeds)
+    seeds = s.collapse_seeds if regime[name] == "collapse" else s.seeds
+    old = None if regime[name] in rerun else reusable(prev, c, seeds)
     if old is not None:
       runs[name], timing[name] = old, prev.get("timing", {}).get(name)
       reused.append(name)
       continue
     t0, c0 = time.perf_counter(), time.process_time()
     runs[name] = []
-    for seed in range(s.seeds):
+    for seed in range(seeds):
       r = run(c, seed)
       runs[name].append(r)
       shown = {k: round(v, 3) for k, v in r.items() if k in (
