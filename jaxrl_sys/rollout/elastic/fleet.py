@@ -10,17 +10,20 @@ schedule with `due(now) -> [TraceEvent]` (`schedules.TracePlayer` over a Bamboo 
 3. starts workers on available, unused nodes up to `min(cap, available)` (as RLBoost's
    replayer: a lost node is replaced at once if spare capacity exists), and retires the newest
    ones gracefully when the cap drops. The cap is the smaller of its own and the manager's
-   `worker_cap` (the offload controller's N_prem).
+   (`fleet.cap`, set by the offload controller's `set_cap`: N_prem).
 
 Workers come from a `factory(worker_id) -> Worker` (a Ray actor, a simulated instance), so
 the same fleet logic runs in real runs, tests and the simulator.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from jaxrl_sys.rollout.elastic.traces import ADD, REMOVE
 from jaxrl_sys.rollout.workers.protocol import Worker
+
+if TYPE_CHECKING:
+  from jaxrl_sys.rollout.manager.view import ElasticPort
 
 
 def _preempt(worker: Worker) -> None:
@@ -72,15 +75,15 @@ class Fleet:
   def cap(self) -> int | None:
     return self._cap() if callable(self._cap) else self._cap
 
-  def _serving(self, manager) -> bool:
-    states = getattr(manager, "workers", {})
+  def _serving(self, manager: ElasticPort) -> bool:
+    fleet = manager.fleet
     for w in self.workers.values():
-      ws = states.get(w.worker_id)
+      ws = fleet.get(w.worker_id)
       if ws is not None and ws.version >= 0 and ws.assigned:
         return True
     return False
 
-  def _schedule_time(self, manager, now: float) -> float:
+  def _schedule_time(self, manager: ElasticPort, now: float) -> float:
     if not self.serving_clock:
       if self._origin is None:
         self._origin = now
@@ -90,7 +93,7 @@ class Fleet:
     self._last = (now, not self.workers or self._serving(manager))
     return self._served
 
-  def __call__(self, manager, now: float) -> None:
+  def __call__(self, manager: ElasticPort, now: float) -> None:
     t = self._schedule_time(manager, now)
     if self.schedule is not None:
       for ev in self.schedule.due(t):
@@ -102,11 +105,12 @@ class Fleet:
           if w is not None:
             self._preempt(w)
             self.log.append((now, "preempt", w.worker_id))
+    fleet = manager.fleet
     for node, w in list(self.workers.items()):
-      if w.worker_id not in manager.workers:
+      if w.worker_id not in fleet:
         del self.workers[node]
         self.log.append((now, "gone", w.worker_id))
-    cap, wanted = self.cap(), getattr(manager, "worker_cap", None)
+    cap, wanted = self.cap(), fleet.cap
     if wanted is not None:
       cap = wanted if cap is None else min(cap, wanted)
     want = len(self.available) if cap is None else min(cap, len(self.available))
@@ -130,6 +134,6 @@ class Fleet:
     self._above_since = None
     for node in list(self.workers)[::-1][:extra]:
       w = self.workers.pop(node)
-      if w.worker_id in manager.workers:
+      if w.worker_id in fleet:
         manager.retire_worker(w.worker_id)
       self.log.append((now, "retire", w.worker_id))

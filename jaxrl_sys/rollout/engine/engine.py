@@ -18,13 +18,27 @@ Randomness is `fold_in(request.key, response_index)`, so outputs do not depend o
 batch, arrival order or interruption. The host state between steps is exact: `abort()` returns
 each request with every token generated so far, ready to be resumed on any engine.
 
+MoE policies: every token is routed on its own (the stored balancing state; no BIP sweep or
+capacity drop across slots), so a request's tokens do not depend on its batch-mates. The
+experts of every fed position travel with the request (`Request.routes`, streamed in
+`TokenChunk.routes`): a prefix's routes are captured once by its prefill and kept per slot on
+the host beside the slot's KV, so requests that take the prefix by a row copy take its routes
+too; a request that arrives with recorded routes (resumed, migrated, re-queued on a weight
+swap) is re-prefilled with them forced, rebuilding its KV with the experts that produced its
+logged log-probs (such a prefix is shared only with requests whose routes are the same). A
+request may record the routes of a prefix of its positions only (an episode's next turn): those
+are forced, the rest routed live. With `extend_prefixes`, a freed slot keeps its sequence's
+routes beside its KV: a request extending that sequence keeps them and takes the extension's
+(live, or forced where recorded), as a full re-prefill with the kept ones forced would; a slot
+whose routes disagree with the request's recorded ones is not extended.
+
 Design choices:
 - KV layout: one contiguous `max_len` row per slot, not pages. A paged cache pays off when
   rows are much shorter than `max_len` on average; with the XLA attention of `models.forward`
   (no paged-attention kernel) it needs a gather of every row's pages each step. Here the
   decode window (rows x width buckets) already makes a step's cost follow the live lengths,
   and shared prompts cost one row copy at admission.
-- Weight swap (`set_weights`) takes effect at the next decode step. By default the KV of
+- A weight load (`load`) takes effect at the next decode step. By default the KV of
   in-flight requests is kept (computed with the older weights); every token sampled afterwards
   comes from the new weights' logits and carries the new version (the pending-token design of
   `rollout.engine.slots` makes that exact). Prefixes cached under the old weights are not shared
@@ -44,6 +58,7 @@ from jaxrl_sys.models import kv_cache as kvc
 from jaxrl_sys.models.config import ModelConfig
 from jaxrl_sys.rollout.engine import slots
 from jaxrl_sys.rollout.engine.config import EngineConfig, EngineStats
+from jaxrl_sys.rollout.engine.routes import SlotRoutes
 from jaxrl_sys.rollout.types import Completion, FinishReason, Request, TokenChunk
 
 pick = slots.pick_bucket
@@ -51,7 +66,7 @@ pick = slots.pick_bucket
 
 class Engine:
   """A continuous-batching engine over `num_slots` slots. Not thread-safe: drive it from one
-  thread (`submit`, `step`, `abort`, `set_weights` between steps)."""
+  thread (`submit`, `step`, `abort`, `load` between steps)."""
 
   def __init__(self, model_config: ModelConfig, params: Any, config: EngineConfig = EngineConfig(),
                version: int = 0, on_chunk: Callable[[list[TokenChunk]], None] | None = None,
@@ -78,6 +93,12 @@ class Engine:
     self._live = np.zeros((s,), bool)
     self._req: list[Request | None] = [None] * s
     self._prefix: list[bytes | None] = [None] * s  # intact prefill prefix of the slot's rows
+    # Free slots: the sequence whose KV their rows still hold (`extend_prefixes`), and when.
+    self._held: list[bytes | None] = [None] * s
+    self._held_at = np.zeros((s,), np.int64)
+    self._releases = 0
+    # MoE: each slot's prefix routes and what its request has streamed (`engine.routes`).
+    self._routes = None if model_config.moe is None else SlotRoutes(model_config, s)
     self._waiting: collections.deque[Request] = collections.deque()
     self._ids: set[int] = set()
     self._key_of: dict[int, bytes] = {}
@@ -155,6 +176,14 @@ class Engine:
     if r.min_version > self.version:
       raise ValueError(f"request {r.request_id} needs weight version >= {r.min_version}; this "
                        f"engine has version {self.version}")
+    if r.routes is not None:
+      if self._routes is None:
+        raise ValueError(f"request {r.request_id} carries MoE routes but the model is dense")
+      self._routes.check(r)
+
+  def _forced(self, b: int, t: int):
+    """Zero forced-route arrays of a `[b, t]` prefill (MoE), or None (dense)."""
+    return None if self._routes is None else self._routes.forced(b, t)
 
   def abort(self, request_ids: Iterable[int] | None = None) -> list[Request]:
     """Stops requests (all when None) and returns their exact partial state (resumable).
@@ -192,31 +221,42 @@ class Engine:
       return moe.init_moe_state(self.model_config)
     return moe_state
 
-  def set_weights(self, params: Any, version: int, moe_state: Any = None) -> None:
+  def load(self, params: Any, version: int, moe_state: Any = None) -> None:
     """Uses `params` (same structure, shapes and dtypes) and `moe_state` (MoE models; None =
     zeros) for every token generated from now on; those tokens carry `version`. Running
     requests keep their KV unless `config.recompute_kv_on_swap`, which re-queues them first to
     be re-prefilled."""
     moe_state = self._moe_state(moe_state)
     if _shapes((params, moe_state)) != self._param_shapes:
-      raise ValueError("set_weights: params differ in structure, shape or dtype from the "
+      raise ValueError("load: params differ in structure, shape or dtype from the "
                        "engine's (this would recompile every function)")
     self.params, self.version, self.moe_state = params, int(version), moe_state
     self._prefix = [None] * self.config.num_slots  # new admissions prefill with the new weights
+    if self._routes is not None:
+      self._routes.clear()
     if self.config.recompute_kv_on_swap:
       running = [self._req[s] for s in np.flatnonzero(self._live)]
       for s in np.flatnonzero(self._live):
         self._release(s)
       for r in reversed(running):
         self._enqueue(r, front=True)
+    self._held = [None] * self.config.num_slots  # KV of the old weights is not extended
 
   def _release(self, s: int) -> None:
     # the slot's prefix stays registered: its rows stay intact until the slot is reused
+    r = self._req[s]
+    if self.config.extend_prefixes and r is not None and (
+        self._routes is None or self._routes.hold(s, r, int(self._written[s]))):
+      self._held[s] = np.concatenate([r.prompt, r.tokens])[:self._written[s]].tobytes()
+      self._releases += 1
+      self._held_at[s] = self._releases
     self._live[s] = False
     self._req[s] = None
 
   def _enqueue(self, r: Request, front: bool = False) -> None:
     key = np.concatenate([r.prompt, r.tokens])[:-1].tobytes()
+    if r.num_routed:  # a prefix rebuilt with recorded routes is shared only with the same routes
+      key += b"|routes|" + r.routes.tobytes()
     self._key_of[r.request_id] = key
     self._waiting_keys[key] += 1
     (self._waiting.appendleft if front else self._waiting.append)(r)
@@ -264,6 +304,8 @@ class Engine:
     by serving is a cheap cache hit). Returns whether variants remain."""
     c, n = self.config, self.config.num_slots
     variants = [("prefill", t, b) for t in c.prefill_buckets for b in c.prefill_batch_buckets]
+    if c.extend_prefixes:
+      variants += [("extend", t, b) for t in c.prefill_buckets for b in c.prefill_batch_buckets]
     variants += [("copy", t, 0) for t in c.copy_buckets]
     variants += [("decode", rows, w) for rows in c.decode_row_buckets
                  for w in c.decode_len_buckets]
@@ -271,9 +313,15 @@ class Engine:
     todo = variants[done:] if limit is None else variants[done:done + limit]
     for kind, a, b in todo:
       if kind == "prefill":
-        self.cache = self._call(slots.prefill, self.params, self.cache, np.zeros((b, a), np.int32),
-                                np.zeros((b,), np.int32), np.full((b,), n, np.int32),
-                                self.moe_state, config=self.model_config)
+        self.cache, _ = self._call(slots.prefill, self.params, self.cache,
+                                   np.zeros((b, a), np.int32), np.zeros((b,), np.int32),
+                                   np.full((b,), n, np.int32), self.moe_state,
+                                   self._forced(b, a), config=self.model_config)
+      elif kind == "extend":
+        self.cache, _ = self._call(slots.extend, self.params, self.cache,
+                                   np.zeros((b, a), np.int32), np.zeros((b,), np.int32),
+                                   np.zeros((b,), np.int32), np.full((b,), n, np.int32),
+                                   self.moe_state, self._forced(b, a), config=self.model_config)
       elif kind == "copy":
         self.cache = self._call(slots.copy_prefix, self.cache, np.zeros((n,), np.int32),
                                 np.full((n,), n, np.int32), np.zeros((n,), np.int32), t=a)
@@ -286,8 +334,34 @@ class Engine:
   def _free_order(self) -> list[int]:
     """Free slots, lowest first, those holding a prefix a waiting request wants last."""
     free = [int(s) for s in np.flatnonzero(~self._live)]
+    # Slots holding an extendable sequence go last, least recently released first (an
+    # episode's next turn likely comes back for the most recent ones).
     return sorted(free, key=lambda s: (self._prefix[s] is not None
-                                       and self._waiting_keys[self._prefix[s]] > 0, s))
+                                       and self._waiting_keys[self._prefix[s]] > 0,
+                                       self._held[s] is not None,
+                                       int(self._held_at[s]) if self._held[s] is not None else 0,
+                                       s))
+
+  def _claims(self, free: list[int]) -> dict[int, int]:
+    """`extend_prefixes`: request id -> the free slot holding the longest prefix of its
+    sequence (each slot claimed once, queue order)."""
+    held = [s for s in free if self._held[s] is not None]
+    out: dict[int, int] = {}
+    if not held:
+      return out
+    taken: set[int] = set()
+    for r in list(self._waiting)[:len(free)]:
+      seq, best = np.concatenate([r.prompt, r.tokens])[:-1].tobytes(), None
+      for s in held:
+        h = self._held[s]
+        if (s not in taken and 0 < len(h) <= len(seq) and seq.startswith(h)
+            and (best is None or len(h) > len(self._held[best]))
+            and (self._routes is None or self._routes.compatible(s, r, len(h) // 4))):
+          best = s
+      if best is not None:
+        out[r.request_id] = best
+        taken.add(best)
+    return out
 
   def _admit(self) -> None:
     """Moves waiting requests into free slots: prefix copies or batched prefills."""
@@ -302,26 +376,52 @@ class Engine:
         sources[self._prefix[s]].append(s)
     leaders: list[tuple[np.ndarray, int]] = []
     copies: list[tuple[int, int, int]] = []
+    extends: list[tuple[np.ndarray, int, int, Request]] = []  # (new tokens, kept, slot, r)
+    claims = self._claims(free) if c.extend_prefixes else {}
+    claimed = set(claims.values())
     while self._waiting and free:
       r = self._waiting.popleft()
       key = self._key_of[r.request_id]
-      n = len(key) // 4
+      n = len(r.prompt) + r.num_generated - 1   # the prefill prefix: all but the pending token
       self._waiting_keys[key] -= 1
-      own = [s for s in sources.get(key, ()) if s in free]  # a free slot holding this prefix
-      s = own[0] if own else free[0]
-      free.remove(s)
-      if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
-        sources[self._prefix[s]].remove(s)
-      src = [a for a in sources.get(key, ()) if a != s]  # live, or prefilled this round
-      if n == 0 or own:
-        copies.append((s, s, n))  # reset the slot's metadata, rows already in place
-      elif src:
-        copies.append((src[0], s, n))  # copies run after this round's prefills
+      claim = claims.pop(r.request_id, None)
+      if claim is not None and claim in free:
+        s, m = claim, len(self._held[claim]) // 4
+        claimed.discard(s)
+        free.remove(s)
+        if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
+          sources[self._prefix[s]].remove(s)
+        if m == n:
+          copies.append((s, s, n))  # every row already in place
+        else:
+          extends.append((np.concatenate([r.prompt, r.tokens])[m:n], m, s, r))
+        if self._routes is not None:
+          self._routes.extended(s, r, m, n)
+        self.stats.reused_tokens += m
       else:
-        leaders.append((np.concatenate([r.prompt, r.tokens])[:-1], s))
-      self.stats.prefix_hits += int(n > 0 and bool(own or src))
+        open_ = [s for s in free if s not in claimed] or free
+        own = [s for s in sources.get(key, ()) if s in open_]  # a free slot holding this prefix
+        s = own[0] if own else open_[0]
+        free.remove(s)
+        claimed.discard(s)
+        if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
+          sources[self._prefix[s]].remove(s)
+        src = [a for a in sources.get(key, ()) if a != s]  # live, or prefilled this round
+        source = None
+        if n == 0 or own:
+          copies.append((s, s, n))  # reset the slot's metadata, rows already in place
+          source = s
+        elif src:
+          copies.append((src[0], s, n))  # copies run after this round's prefills
+          source = src[0]
+        else:
+          leaders.append((np.concatenate([r.prompt, r.tokens])[:-1], s, r))
+        if self._routes is not None:
+          self._routes.admitted(s, r, source, n)
+        self.stats.prefix_hits += int(n > 0 and bool(own or src))
       if c.share_prefixes:
         sources[key].append(s)
+      self._held[s] = None
       self._req[s], self._prefix[s], self._live[s] = r, key, True
       self._pending[s] = r.tokens[-1] if r.num_generated else r.prompt[-1]
       self._keys[s], self._index[s], self._budget[s] = r.key, r.num_generated, r.remaining
@@ -332,17 +432,39 @@ class Engine:
     for i in range(0, len(leaders), max_b):
       part = leaders[i:i + max_b]
       b = pick(len(part), c.prefill_batch_buckets)
-      t = pick(max(len(q) for q, _ in part), c.prefill_buckets)
+      t = pick(max(len(q) for q, _, _ in part), c.prefill_buckets)
       toks, lens = np.zeros((b, t), np.int32), np.zeros((b,), np.int32)
       dst = np.full((b,), c.num_slots, np.int32)
-      for j, (q, s) in enumerate(part):
+      forced = self._forced(b, t)
+      for j, (q, s, r) in enumerate(part):
         toks[j, :len(q)], lens[j], dst[j] = q, len(q), s
-      self.cache = self._call(slots.prefill, self.params, self.cache, toks, lens, dst,
-                              self.moe_state, config=self.model_config)
+        if r.num_routed:  # recorded routes (all or a prefix): rebuild the KV with them
+          self._routes.fill(r, 0, forced[0][j], forced[1][j])
+      self.cache, routes = self._call(slots.prefill, self.params, self.cache, toks, lens, dst,
+                                      self.moe_state, forced, config=self.model_config)
+      if routes is not None:
+        self._routes.prefilled(routes, [(s, len(q)) for q, s, _ in part])
       self.stats.prefill_calls += 1
       self.stats.prefill_rows += len(part)
       self.stats.prefill_tokens += int(lens.sum())
       self.stats.prefill_padded_tokens += b * t
+    for i in range(0, len(extends), max_b):
+      part = extends[i:i + max_b]
+      b = pick(len(part), c.prefill_batch_buckets)
+      t = pick(max(len(q) for q, _, _, _ in part), c.prefill_buckets)
+      toks, lens = np.zeros((b, t), np.int32), np.zeros((b,), np.int32)
+      starts, dst = np.zeros((b,), np.int32), np.full((b,), c.num_slots, np.int32)
+      forced = self._forced(b, t)
+      for j, (q, m, s, r) in enumerate(part):
+        toks[j, :len(q)], lens[j], starts[j], dst[j] = q, len(q), m, s
+        if r.num_routed > m:  # recorded routes of extension positions: forced
+          self._routes.fill(r, m, forced[0][j], forced[1][j])
+      self.cache, routes = self._call(slots.extend, self.params, self.cache, toks, lens, starts,
+                                      dst, self.moe_state, forced, config=self.model_config)
+      if routes is not None:
+        self._routes.extend_rows(routes, [(s, len(q)) for q, _, s, _ in part])
+      self.stats.extend_calls += 1
+      self.stats.extend_tokens += int(lens.sum())
     if copies:
       self._copy(copies)
 
@@ -360,6 +482,10 @@ class Engine:
       for arr in (self._pending, self._keys, self._index, self._budget, self._written):
         arr[d] = arr[a]
       self._req[d], self._prefix[d], self._live[d] = self._req[a], self._prefix[a], True
+      self._held[d] = None
+      if self._routes is not None:
+        self._routes.moved(a, d)
+      self._req[a] = None  # moved, not finished: its rows are no longer an episode's context
       self._release(a)
     self.stats.moved_rows += len(moves)
 
@@ -376,7 +502,10 @@ class Engine:
     need = self._written[live] + np.minimum(self._budget[live], c.stream_every)
     width = pick(int(need.max()), c.decode_len_buckets)
     out = self._decode(rows, width, self._live[:rows].copy())
-    toks, lps, count, stopped, steps = jax.device_get(out)
+    (toks, lps, count, stopped, steps, routes), fetched = jax.device_get(
+        (out, [] if self._routes is None else self._routes.prefills))
+    if self._routes is not None:
+      self._routes.resolve(fetched, self._req)
     self.stats.decode_calls += 1
     self.stats.decode_steps += int(steps)
     self.stats.decode_row_steps += int(steps) * rows
@@ -386,7 +515,8 @@ class Engine:
       if n == 0:
         continue
       start = r.num_generated
-      r.extend(toks[s, :n], lps[s, :n], self.version)
+      r.extend(toks[s, :n], lps[s, :n], self.version, None if routes is None else routes[s, :n])
+      new_routes = None if routes is None else self._routes.new_routes(s, r)
       self._pending[s] = toks[s, n - 1]
       self._index[s] += n
       self._budget[s] -= n
@@ -395,7 +525,7 @@ class Engine:
       finish = (FinishReason.STOP if stopped[s] else
                 FinishReason.LENGTH if self._budget[s] <= 0 else None)
       chunks.append(TokenChunk(r.request_id, start, toks[s, :n].copy(), lps[s, :n].copy(),
-                               self.version, finish))
+                               self.version, finish, new_routes))
       if finish is not None:
         self._release(s)
         self._finish(r, finish)

@@ -7,6 +7,7 @@ random kills: `rollout.setup.ray`, `experiments.grpo --rollout=ray --num_workers
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from jaxrl_sys.rollout.elastic.offload import OffloadConfig
@@ -85,6 +86,9 @@ class RolloutSetup:
       raise ValueError("use either rollout.preempt_trace or rollout.chaos_kill_every, not both")
     if self.preempt_trace and not os.path.isfile(self.preempt_trace):
       raise ValueError(f"rollout.preempt_trace={self.preempt_trace}: no such file")
+    if not (math.isfinite(self.trace_time_scale) and self.trace_time_scale > 0):
+      raise ValueError(f"rollout.trace_time_scale must be a finite number > 0, got "
+                       f"{self.trace_time_scale}")
     if self.preempt_trace:  # parsed and checked here, before Ray or any worker starts
       try:
         trace = load_trace(self.preempt_trace)

@@ -81,7 +81,7 @@ class TensorstoreWeightRef:
   nbytes: int
   manifest_crc32: int
 
-  def fetch(self) -> tuple[Any, Any]:
+  def load(self) -> tuple[Any, Any]:
     """Reads and verifies `(params, moe_state)` as host numpy arrays (bfloat16 via ml_dtypes).
 
     Raises:
@@ -189,9 +189,9 @@ def open_latest(path_or_url: str | os.PathLike) -> TensorstoreWeightRef | None:
 class TensorstoreWeightStore(BackgroundStore):
   """Versions written under a directory or tensorstore kvstore URL (see the module docstring).
 
-  `publish` takes a host copy synchronously and writes in the background; `ref(v)` is None until
-  v's `LATEST` pointer is written. Opening an existing root resumes it: committed versions are
-  listed, and half-written ones (a crashed publish) are deleted by the next `gc`.
+  `publish` takes a host copy synchronously and writes in the background; `published(v)` is
+  None until v's `LATEST` pointer is written. Opening an existing root resumes it: committed
+  versions are listed, and half-written ones (a crashed publish) are deleted by the next `gc`.
 
   Args:
     path_or_url: a local directory, or a kvstore URL (`file:///d/`, `gs://bucket/run/`, ...).
@@ -218,7 +218,7 @@ class TensorstoreWeightStore(BackgroundStore):
     self._bg = BackgroundPublisher(self.url, max_pending)
     self._bg.last = top
 
-  def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
+  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
     import jax  # pylint: disable=import-outside-toplevel
     leaves, treedef = host_leaves(params, moe_state)
     tree = encode_tree(jax.tree.unflatten(treedef, list(range(len(leaves)))))
@@ -260,7 +260,7 @@ class TensorstoreWeightStore(BackgroundStore):
       self._refs[v] = ref
       self._orphans.discard(v)
 
-  def ref(self, version: int | None = None) -> TensorstoreWeightRef | None:
+  def published(self, version: int | None = None) -> TensorstoreWeightRef | None:
     with self._lock:
       if version is None:
         version = max(self._refs) if self._refs else None

@@ -13,6 +13,7 @@
       distributed  DistributedConfig  devices and processes: the mesh, the multi-process job (dist/)
       output       OutputConfig       where a run writes (not part of its config.json)
       precision    PrecisionConfig    dtypes of masters, compute, rollout (train/precision.py)
+      agent        AgentConfig        multi-turn episodes: env, turns, tools (agents/)
 
 Every setting is one field of one section, documented in the section's `Attributes:`
 docstring and validated in the section's `__post_init__` (checks that need two sections live
@@ -46,10 +47,12 @@ import typing
 from typing import Any, Mapping
 
 from jaxrl_sys.rollout.setup.spec import RolloutSetup
+from jaxrl_sys.agents.config import AgentConfig
 from jaxrl_sys.train.multihost.job import DistributedConfig
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.precision import PrecisionConfig
-from jaxrl_sys.train.step.config import ALGOS, OptimConfig, TrainConfig, train_config_for_algo
+from jaxrl_sys.train.step.config import (ALGOS, ROUTING_REPLAY, OptimConfig, TrainConfig,
+                                        train_config_for_algo)
 
 SCALARS = (str, int, float, bool)
 
@@ -100,15 +103,29 @@ class AlgoConfig:
     behav_weight_cap: truncated importance sampling: weigh each token by min(pi_train /
       pi_rollout, C), correcting the rollout-train mismatch (the mismatch_* metrics), in every
       mode; None = no weight in sync mode, the uncapped decoupled weight off-policy.
+    routing_replay: MoE routing replay, off | R2 | R3 (no effect on a dense policy). R3
+      replays the experts the rollout chose for every token in the training forward, so the
+      trainer scores the policy that sampled (BIP balancing and capacity limits route a
+      training batch differently); R2 replays the policy forward's own routes in the reference
+      (KL) forward only; off routes live. docs/moe.md.
+    routing_live_mismatch: with routing replay R3, also measure the mismatch of a forward
+      with live routes (mismatch_live_* metrics beside mismatch_*; one more forward per
+      micro-batch).
   """
   algo: str = "grpo"
   kl_coef: float | None = None
   remat: bool = False
   behav_weight_cap: float | None = None
+  routing_replay: str = "R3"
+  routing_live_mismatch: bool = False
 
   def __post_init__(self):
     if self.algo not in ALGOS:
       raise ValueError(f"unknown train.algo {self.algo!r}; choose one of {ALGOS}")
+    if self.routing_replay not in ROUTING_REPLAY:
+      raise ValueError(f"train.routing_replay={self.routing_replay!r} is not one of "
+                       f"{ROUTING_REPLAY} (R3: replay the rollout's MoE routes in training; "
+                       "off: route live)")
     if self.behav_weight_cap is not None and not self.behav_weight_cap > 0:
       raise ValueError(f"train.behav_weight_cap={self.behav_weight_cap} must be > 0 (unset = no "
                        "cap)")
@@ -213,6 +230,8 @@ ALIASES = {
     "out_dir": "output.out_dir", "overwrite": "output.overwrite",
     "export_hf": "output.export_hf", "progress": "output.progress",
     "behav_weight_cap": "train.behav_weight_cap",
+    "env": "agent.env", "max_turns": "agent.max_turns", "tool_timeout": "agent.tool_timeout",
+    "tool_workers": "agent.tool_workers",
     **{name: f"precision.{name}" for name in ("param_dtype", "compute_dtype", "rollout_dtype",
                                               "export_dtype")},
     **{name: f"rollout.{name}" for name in (
@@ -243,6 +262,7 @@ class RunConfig:
   distributed: DistributedConfig = DistributedConfig()
   output: OutputConfig = OutputConfig()
   precision: PrecisionConfig = PrecisionConfig()
+  agent: AgentConfig = AgentConfig()
 
   def __post_init__(self):
     if self.loop.group_size < 2:

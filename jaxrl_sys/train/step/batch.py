@@ -15,11 +15,17 @@ quarter of padding groups, and compiles at most one program per power of two up 
 row length `T` is what the micro-batch's longest row needs (`row_length`), rounded up to a
 multiple of `row_granule(prompt bucket)`, at most prompt bucket + response budget: at most five
 lengths, and no step computes a padded column its rows do not have.
+
+MoE policies under routing replay also pack the rollout's routes (`Request.routes`) position by
+position beside the tokens: `routes [rows, T, layers, k]` and `route_mask [rows, T]`, False
+where no route was recorded (padding, padding rows, the last response token, which the engine
+never fed, the tokens an episode added after its last turn, and samples without routes): those
+positions route live.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -38,6 +44,9 @@ class TrainBatch(NamedTuple):
     versions: `[rows, W]` int32, weight version that generated each target (-1 elsewhere).
     advantages: `[rows]` float32.
     score_start: `[rows]` int32, the position of window entry 0 (`score_start + W <= T`).
+    routes: `[rows, T, layers, k]` recorded expert ids of every input position (uint8 up to 256
+      experts), or None (dense, or no replay).
+    route_mask: `[rows, T]` bool, the positions whose routes are recorded, or None.
   """
   tokens: np.ndarray
   targets: np.ndarray
@@ -47,6 +56,8 @@ class TrainBatch(NamedTuple):
   versions: np.ndarray
   advantages: np.ndarray
   score_start: np.ndarray
+  routes: np.ndarray | None = None
+  route_mask: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -58,6 +69,11 @@ class Sample:
     tokens, logprobs, versions: `[Lr]` response tokens, behaviour log-probs, weight versions.
     advantage: the sample's advantage.
     weight: 1.0, or 0.0 to exclude it from the gradient (MC-GRPO pivot).
+    routes: `[m, layers, k]` the rollout's expert ids of the first m fed positions
+      (`Request.routes`; m = Lp + Lr - 1, or fewer for a multi-turn episode whose last
+      observation was never fed: the positions after m route live), or None.
+    mask: `[Lr]` float32 per-token loss mask, or None (all 1): a multi-turn episode's is 1 on
+      the tokens the policy sampled and 0 on observations and template glue.
   """
   prompt: np.ndarray
   tokens: np.ndarray
@@ -65,6 +81,8 @@ class Sample:
   versions: np.ndarray
   advantage: float
   weight: float = 1.0
+  routes: np.ndarray | None = None
+  mask: np.ndarray | None = None
 
 
 def micro_batches(num_groups: int, max_groups: int, min_groups: int = 1) -> list[tuple[int, int]]:
@@ -126,7 +144,7 @@ def row_length(samples: Sequence[Sample], seq_len: int, granule: int,
 
 
 def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0,
-         window: int | None = None) -> TrainBatch:
+         window: int | None = None, route_shape: tuple[int, int, Any] | None = None) -> TrainBatch:
   """Packs up to `rows` samples into one micro-batch (missing rows are padding).
 
   Args:
@@ -135,6 +153,8 @@ def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0,
     pad_id: the padding token.
     window: W, scored positions per row starting at the last prompt position (at least the
       longest response); None scores every position (`score_start = 0`, `W = T`).
+    route_shape: `(layers, k, dtype)` to pack the samples' routes (routing replay), or None
+      (no `routes` / `route_mask`).
 
   Raises:
     ValueError: when there are more samples than rows, a sample does not fit `seq_len`, or
@@ -153,6 +173,11 @@ def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0,
   versions = np.full((rows, w), -1, np.int32)
   adv = np.zeros((rows,), np.float32)
   start = np.zeros((rows,), np.int32)
+  routes = route_mask = None
+  if route_shape is not None:
+    layers, k, dtype = route_shape
+    routes = np.zeros((rows, t, layers, k), dtype)
+    route_mask = np.zeros((rows, t), bool)
   for i, s in enumerate(samples):
     lp, lr = len(s.prompt), len(s.tokens)
     if max(lp, lp + lr - 1) > t:
@@ -171,16 +196,37 @@ def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0,
     nxt = seq[1 + start[i]:]            # the targets from the window's first position on
     targets[i, :min(len(nxt), w)] = nxt[:w]
     sl = slice(first, first + lr)
-    loss_mask[i, sl] = float(s.weight)
+    loss_mask[i, sl] = float(s.weight) * (1.0 if s.mask is None else np.asarray(s.mask,
+                                                                                 np.float32))
     behav[i, sl] = s.logprobs
     versions[i, sl] = s.versions
     adv[i] = s.advantage
-  return TrainBatch(tokens, targets, attn, loss_mask, behav, versions, adv, start)
+    if routes is not None and s.routes is not None and len(s.routes):
+      need = _routes_needed(s, lp, lr)
+      if not need <= len(s.routes) <= lp + lr - 1 or s.routes.shape[1:] != routes.shape[2:]:
+        want = (f"prompt + response - 1 = {lp + lr - 1}" if need == lp + lr - 1 else
+                f"{need} (up to the last sampled token) to {lp + lr - 1}")
+        raise ValueError(f"a sample's routes have shape {list(s.routes.shape)}; expected "
+                         f"[{want}, {routes.shape[2]}, {routes.shape[3]}]")
+      m = min(len(s.routes), t)
+      routes[i, :m] = s.routes[:m]
+      route_mask[i, :m] = True
+  return TrainBatch(tokens, targets, attn, loss_mask, behav, versions, adv, start, routes,
+                    route_mask)
+
+
+def _routes_needed(s: Sample, lp: int, lr: int) -> int:
+  """The fed positions whose routes a sample must record: all (`lp + lr - 1`), or with a loss
+  mask (a multi-turn episode) those up to the one that produced its last sampled token."""
+  if s.mask is None:
+    return lp + lr - 1
+  sampled = np.flatnonzero(np.asarray(s.mask) > 0)
+  return 0 if not len(sampled) else lp + int(sampled[-1])
 
 
 def stack(batches: Sequence[TrainBatch]) -> TrainBatch:
   """Stacks micro-batches on a new leading `[micro]` axis."""
-  return TrainBatch(*(np.stack(xs) for xs in zip(*batches)))
+  return TrainBatch(*(None if xs[0] is None else np.stack(xs) for xs in zip(*batches)))
 
 
 def split(batch: TrainBatch, rows: int) -> TrainBatch:
@@ -188,4 +234,5 @@ def split(batch: TrainBatch, rows: int) -> TrainBatch:
   n = batch.tokens.shape[0]
   if n % rows:
     raise ValueError(f"{n} rows do not split into micro-batches of {rows}")
-  return TrainBatch(*(x.reshape((n // rows, rows) + x.shape[1:]) for x in batch))
+  return TrainBatch(*(None if x is None else x.reshape((n // rows, rows) + x.shape[1:])
+                      for x in batch))
