@@ -187,6 +187,16 @@ COVERAGE = {
         "tests/sim/test_lora_sim.py::test_first_pull_moves_the_base_then_adapters_only",
         "the preset --lora_rank adds (sim.presets.with_lora) and its pulls; the command's "
         "tables: test_the_experiment_prints_tables_and_writes_json_and_plots"),
+    "python -m benchmarks.algorithms": Mapped(
+        "tests/benchmarks/test_algorithms_quick.py::test_algorithms_quick",
+        "--quick --only moe,collapse (the full run takes ~20 min on 2 cores)"),
+    "python -m benchmarks.algorithms --quick": Mapped(
+        "tests/benchmarks/test_algorithms_quick.py::test_algorithms_quick",
+        "--quick --only moe,collapse"),
+    "python -m experiments.grpo --mode=async --max_staleness=8 --learning_rate=5e-3 "
+    "--kl_coef=0": Mapped(
+        "tests/benchmarks/test_algorithms_quick.py::test_algorithms_quick",
+        "the same settings through the recipe API, 24 steps of 32 prompts: the collapse note"),
     "python -m experiments.spot_sim --preset=measured:benchmarks/results": Mapped(
         "tests/sim/test_driver.py::"
         "test_a_preset_calibrated_from_our_benchmarks_drives_the_same_simulation",

@@ -17,8 +17,10 @@ the optimizer in float32, never rounded to the parameters' dtype.
 Per token: log-probs and entropy of the scoring window (`logprobs.token_logprobs`) at the
 rollout's sampling temperature (`sampling=`). The proximal policy of the decoupled loss is the
 parameters before this update (`stop_gradient` of the same forward); the behaviour policy is
-the rollout engine's log-probs; the reference policy (KL) is a frozen copy in the state (with
-LoRA the base itself), skipped when the KL coefficient is 0.
+the rollout engine's log-probs. The ratio is taken against the proximal policy (exactly 1), or
+against the behaviour policy with `loss.old_policy == "behaviour"` (coupled PPO: the clip binds
+on stale samples). The reference policy (KL) is a frozen copy in the state (with LoRA the base
+itself), skipped when the KL coefficient is 0.
 
 MoE routing replay (`TrainConfig.routing_replay`): "R3" runs the policy forward (and the
 reference forward) with the rollout's routes from the batch (`batch.routes`, forced where
@@ -111,7 +113,10 @@ def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelCo
                                routes)
     ref = jax.lax.stop_gradient(ref)
   prox = jax.lax.stop_gradient(lp)
-  out = policy_loss(lp, prox, mb.advantages, mask, config=tc.loss, ref_logprobs=ref,
+  # The ratio's anchor: the proximal policy (ratio 1, one update per step) or the behaviour
+  # policy (coupled PPO: staleness moves the ratio; `PolicyLossConfig.old_policy`).
+  old = mb.behav_logprobs if tc.loss.old_policy == "behaviour" else prox
+  out = policy_loss(lp, old, mb.advantages, mask, config=tc.loss, ref_logprobs=ref,
                     behav_logprobs=mb.behav_logprobs if tc.loss.decoupled else None,
                     entropy=ent, denominator=jnp.ones([], jnp.float32))
   den = loss_denominator(mask, tc.loss.aggregation,
