@@ -14,6 +14,7 @@ seed), `timing.json` and one PNG per preset to --out_dir.
   python -m experiments.spot_sim --preset=measured:benchmarks/results   # calibrated figures
   python -m experiments.spot_sim --paper      # every RLBoost figure beside ours (paper.json)
   python -m experiments.spot_sim --diagnose   # held-out per-step means + capped fleet
+  python -m experiments.spot_sim --lora_rank=16 --settings=rlboost  # + adapter-only weight sync
 
 A bad flag or trace is one line on stderr and exit status 2; a run that fails is named
 (preset, setting, segment) with its error, every other run still completes and is written,
@@ -34,7 +35,7 @@ from jaxrl_sys.rollout.elastic.trace_formats import FORMATS, bundled_trace, load
 from jaxrl_sys.sim import calibrate, diagnose, experiment, paper, report
 from jaxrl_sys.sim.driver import SimConfig, Workload
 from jaxrl_sys.sim.fit import FITTED, ROOFLINE
-from jaxrl_sys.sim.presets import PRESETS, get_preset
+from jaxrl_sys.sim.presets import PRESETS, get_preset, with_lora
 from jaxrl_sys.sim.settings import get_settings
 from jaxrl_sys.sim.startup import COLD_VM, WARM_RESTART
 
@@ -84,6 +85,11 @@ flags.DEFINE_bool("diagnose_cap", True, "--diagnose: also run the capped counter
 flags.DEFINE_integer("max_steps", 0, "Stop each run after this many steps (0: the segment).")
 flags.DEFINE_integer("jobs", 2, "Worker processes.")
 flags.DEFINE_bool("plots", True, "Write PNG plots.")
+flags.DEFINE_integer("lora_rank", 0, "Also run each preset trained with LoRA of this rank and "
+                     "adapter-only weight sync (a spot instance pulls the base once, then the "
+                     "adapters per version: jaxrl_sys.sim.presets.with_lora); 0: off.")
+flags.DEFINE_string("lora_targets", "attention,mlp", "The LoRA targets --lora_rank sizes the "
+                    "adapters for (the --lora.targets names of experiments.grpo).")
 
 
 class UserError(ValueError):
@@ -145,7 +151,11 @@ def _presets(spec: str, fit):
   names = list(PRESETS) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
   if not names:
     raise UserError("--preset is empty")
-  return [fit.apply(get_preset(n)) for n in names]
+  presets = [fit.apply(get_preset(n)) for n in names]
+  if FLAGS.lora_rank < 0:
+    raise UserError(f"--lora_rank must be >= 0 (0: off), got {FLAGS.lora_rank}")
+  return presets + [with_lora(p, FLAGS.lora_rank, FLAGS.lora_targets)
+                    for p in presets if FLAGS.lora_rank]
 
 
 def _trace():

@@ -170,8 +170,11 @@ class EpisodeDriver:
       out.append(copy.state_request())
     return sorted(out, key=lambda r: r.request_id)
 
-  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
-    self.session.publish(params, version, moe_state)
+  def publish(self, params: Any, version: int, moe_state: Any = None, base: Any = None) -> None:
+    if base is None:
+      self.session.publish(params, version, moe_state)
+    else:  # LoRA: adapters naming their base (`rollout.weights.BaseWeights`)
+      self.session.publish(params, version, moe_state, base=base)
 
   def num_pending(self) -> int:
     """Episodes submitted and not yet returned by `poll` or `abort`."""

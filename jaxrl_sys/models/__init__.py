@@ -11,8 +11,11 @@ Main entry points:
 - `SamplingConfig`, `generate(...) -> GenerateOutput(tokens, logprobs, lengths, finished)`.
 - `load_hf_checkpoint`, `save_hf_checkpoint`, `HFTokenizer`: Qwen2 / Qwen3 / Llama import-export;
   `export_hf`: a trained policy as an HF directory with its tokenizer files.
+- `LoraConfig` (`ModelConfig.lora`) and `models.lora`: low-rank adapters beside the frozen
+  parameters (`init_lora`, `forward(..., lora=adapters)`, `merge_lora`, `base_digest`);
+  `models.hf.peft.export_peft`: adapters as a PEFT directory.
 """
-from jaxrl_sys.models.config import MoEConfig, ModelConfig, RopeConfig
+from jaxrl_sys.models.config import LoraConfig, MoEConfig, ModelConfig, RopeConfig
 from jaxrl_sys.models.hf.checkpoint import load_hf_checkpoint, load_hf_config, save_hf_checkpoint
 from jaxrl_sys.models.hf.export import export_hf
 from jaxrl_sys.models.kv_cache import KVCache, init_cache
@@ -23,7 +26,8 @@ from jaxrl_sys.models.transformer import (ForwardOutput, forward, init_params, l
                                           logits_from_hidden, num_params, param_axes, unembedding)
 
 __all__ = [
-    "ForwardOutput", "GenerateOutput", "HFTokenizer", "KVCache", "export_hf", "load_hf_checkpoint",
+    "ForwardOutput", "GenerateOutput", "HFTokenizer", "KVCache", "LoraConfig", "export_hf",
+    "load_hf_checkpoint",
     "load_hf_config", "save_hf_checkpoint", "MoEConfig", "ModelConfig", "RopeConfig",
     "SamplingConfig", "check_context", "decode_loop", "forward", "generate", "init_cache",
     "init_params", "last_valid_index", "logits_from_hidden", "num_params", "param_axes",

@@ -105,6 +105,65 @@ class MoEConfig:
     return self.shared_intermediate_size or self.num_shared_experts * self.expert_intermediate_size
 
 
+LORA_TARGETS = ("attention", "q", "k", "v", "o", "mlp", "gate", "up", "down", "experts", "shared")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """Low-rank adapters on a frozen base (LoRA): each targeted projection computes
+  `x @ W + (alpha / rank) * (x @ A) @ B`, W frozen, A `[in, rank]` and B `[rank, out]` trained
+  (B starts at zero, so the adapted model starts as the base). See `models/lora.py`.
+
+  Attributes:
+    rank: adapter rank r (0 = off: every parameter is trained).
+    alpha: scale numerator: the update is (alpha / rank) * x @ A @ B.
+    targets: comma-separated projections to adapt: attention (= q,k,v,o), mlp (= gate,up,down:
+      the dense MLP, or on an MoE model the routed experts and the shared expert), experts
+      (routed experts only, one adapter pair per expert), shared (the shared expert only), or
+      single names q, k, v, o, gate, up, down. The MoE router is never adapted: the engine's
+      captured routes and their replay (R2/R3) are the base router's on the adapted hidden
+      states, computed the same way by the engine and the trainer.
+    dropout: dropout rate on the adapters' input in the train step (0 = none); the rollout
+      engines never drop, so a rate > 0 makes the trainer's log-probs differ from the
+      rollout's.
+    merge: the rollout engines add (alpha / rank) * A @ B to their copy of the base once per
+      version (float32 sum, then one cast to the rollout dtype) and decode with plain matmuls;
+      in bfloat16 that rounds away updates below the base weights' resolution (docs/lora.md).
+      Off: the engines apply x @ A @ B beside the frozen matmul (exact).
+  """
+  rank: int = 0
+  alpha: float = 16.0
+  targets: str = "attention,mlp"
+  dropout: float = 0.0
+  merge: bool = False
+
+  def __post_init__(self):
+    if self.rank < 0:
+      raise ValueError(f"--lora.rank={self.rank} must be >= 0 (0 = off)")
+    if not self.alpha > 0:
+      raise ValueError(f"--lora.alpha={self.alpha} must be > 0")
+    if not 0 <= self.dropout < 1:
+      raise ValueError(f"--lora.dropout={self.dropout} must be in [0, 1)")
+    names = self.target_names
+    bad = [n for n in names if n not in LORA_TARGETS]
+    if bad or not names:
+      raise ValueError(f"--lora.targets={self.targets!r}: unknown target(s) {bad}; use a "
+                       f"comma-separated list of {list(LORA_TARGETS)}")
+
+  @property
+  def enabled(self) -> bool:
+    return self.rank > 0
+
+  @property
+  def scale(self) -> float:
+    """alpha / rank, the factor of the adapters' update."""
+    return self.alpha / self.rank
+
+  @property
+  def target_names(self) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(t.strip() for t in self.targets.split(",") if t.strip()))
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Decoder-only transformer (Llama / Qwen2 / Qwen3 family).
@@ -134,6 +193,8 @@ class ModelConfig:
   architecture: str = "Qwen2ForCausalLM"  # HF architecture name used on export
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
+  # Low-rank adapters on the frozen parameters (None or rank 0: none; `models/lora.py`).
+  lora: LoraConfig | None = None
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -151,6 +212,8 @@ class ModelConfig:
                        f"{self.attention_impl!r}")
     if isinstance(self.eos_token_id, list):
       object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+    if self.lora is not None and not self.lora.enabled:
+      object.__setattr__(self, "lora", None)
 
   @property
   def pdtype(self):

@@ -1,7 +1,9 @@
-"""Building blocks of the policy transformer as pure functions over parameter dicts."""
+"""Building blocks of the policy transformer as pure functions over parameter dicts (the
+LoRA-adapted matmul included: `Adapter`, `adapted_matmul`)."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +31,39 @@ def token_matmul(x, w, contract: int = 1):
   k = math.prod(k_shape)
   y = jnp.dot(x.reshape(-1, k), w.astype(x.dtype).reshape(k, -1))
   return y.reshape(*lead, *n_shape)
+
+
+class Adapter(NamedTuple):
+  """One targeted weight's adapter inside the forward (one layer's slice).
+
+  a: `[*lead, *in, r]`; b: `[*lead, r, *out]` (lead: the expert axis for routed experts);
+  scale: alpha / rank; key: dropout key of this weight in this layer (None: no dropout);
+  rate: the dropout rate.
+  """
+  a: jax.Array
+  b: jax.Array
+  scale: float
+  key: jax.Array | None = None
+  rate: float = 0.0
+
+  def drop(self, x: jax.Array) -> jax.Array:
+    """Dropout on the adapter's input `x` (the base matmul sees `x` unchanged)."""
+    if self.key is None or not self.rate:
+      return x
+    keep = jax.random.bernoulli(self.key, 1.0 - self.rate, x.shape)
+    return jnp.where(keep, x / (1.0 - self.rate), 0).astype(x.dtype)
+
+  def delta(self, x: jax.Array, contract: int = 1) -> jax.Array:
+    """`scale * (drop(x) @ a) @ b` for a weight without a lead axis; `[..., *out]`."""
+    h = token_matmul(self.drop(x), self.a, contract)
+    return token_matmul(h * jnp.asarray(self.scale, h.dtype), self.b)
+
+
+def adapted_matmul(x: jax.Array, w: jax.Array, adapter: Adapter | None,
+                   contract: int = 1) -> jax.Array:
+  """`x @ w` (`token_matmul`), plus the adapter's `scale * (x @ A) @ B` when there is one."""
+  y = token_matmul(x, w, contract)
+  return y if adapter is None else y + adapter.delta(x, contract)
 
 
 @jax.custom_vjp
@@ -60,11 +95,17 @@ def _swiglu_bwd(res, dh):
 swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
-def swiglu_mlp(p, x):
-  """SwiGLU MLP: `x [..., d]` with w_gate/w_up `[d, f]`, w_down `[f, d]`."""
-  gate = token_matmul(x, p["w_gate"])
-  up = token_matmul(x, p["w_up"])
-  return token_matmul(swiglu(gate, up), p["w_down"])
+def swiglu_mlp(p, x, adapters=None):
+  """SwiGLU MLP: `x [..., d]` with w_gate/w_up `[d, f]`, w_down `[f, d]`; `adapters`: this
+  layer's LoRA adapters (`models.lora.layer_adapters`; the `("mlp", name)` entries apply)."""
+  if not adapters:
+    gate = token_matmul(x, p["w_gate"])
+    up = token_matmul(x, p["w_up"])
+    return token_matmul(swiglu(gate, up), p["w_down"])
+  ad = lambda name: adapters.get(("mlp", name))  # noqa: E731
+  gate = adapted_matmul(x, p["w_gate"], ad("w_gate"))
+  up = adapted_matmul(x, p["w_up"], ad("w_up"))
+  return adapted_matmul(swiglu(gate, up), p["w_down"], ad("w_down"))
 
 
 def masked_attention(q, k, v, mask, scale: float):

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 from jaxrl_sys import backend
 from jaxrl_sys.models import kv_cache as kvc
 from jaxrl_sys.models.config import ModelConfig
-from jaxrl_sys.models.layers import (masked_attention, merge_new_token, rms_norm,
-                                     segment_causal_mask, single_query_attention, swiglu_mlp,
-                                     token_matmul)
+from jaxrl_sys.models.adapters import layer_adapters
+from jaxrl_sys.models.layers import (adapted_matmul, masked_attention, merge_new_token, rms_norm,
+                                     segment_causal_mask, single_query_attention, swiglu_mlp)
 from jaxrl_sys.models.rope import apply_rope, rope_cos_sin
 from jaxrl_sys.sharding.axes import (EMBED, HEAD_DIM, HEADS, KV_HEADS, LAYERS, MLP, NORM,
                                      VOCAB)
@@ -116,12 +116,14 @@ def logits_from_hidden(params: Params, config: ModelConfig, hidden) -> jax.Array
   return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
 
 
-def _qkv(p, x, cos, sin, config: ModelConfig):
-  """Projected, normed and rotated q `[b, t, Hq, Dh]`, k/v `[b, t, Hkv, Dh]`."""
+def _qkv(p, x, cos, sin, config: ModelConfig, ad=None):
+  """Projected, normed and rotated q `[b, t, Hq, Dh]`, k/v `[b, t, Hkv, Dh]`; `ad`: this
+  layer's adapters (`lora.layer_adapters`), or None."""
   c, dt = config, x.dtype
-  q = token_matmul(x, p["wq"])
-  k = token_matmul(x, p["wk"])
-  v = token_matmul(x, p["wv"])
+  ad = ad or {}
+  q = adapted_matmul(x, p["wq"], ad.get(("attn", "wq")))
+  k = adapted_matmul(x, p["wk"], ad.get(("attn", "wk")))
+  v = adapted_matmul(x, p["wv"], ad.get(("attn", "wv")))
   if c.attention_bias:
     q, k, v = q + p["bq"].astype(dt), k + p["bk"].astype(dt), v + p["bv"].astype(dt)
   if c.qk_norm:
@@ -130,8 +132,8 @@ def _qkv(p, x, cos, sin, config: ModelConfig):
   return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def _out_proj(p, out, dt):
-  return token_matmul(out.astype(dt), p["wo"], contract=2)
+def _out_proj(p, out, dt, ad=None):
+  return adapted_matmul(out.astype(dt), p["wo"], (ad or {}).get(("attn", "wo")), contract=2)
 
 
 def _self_attention(q, k, v, seg, scale, impl):
@@ -162,7 +164,8 @@ def _decode_attention(q, k, v, kc, vc, kv_valid, lengths, new_valid, scale, impl
 
 def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None, positions=None,
             segment_ids=None, cache: kvc.KVCache | None = None, moe_state: Any = None,
-            kv_window: int | None = None, unroll_layers: bool = False, routes: Any = None,
+            kv_window: int | None = None, unroll_layers: bool = False, lora: Any = None,
+            lora_rng: jax.Array | None = None, routes: Any = None,
             per_token_routing: bool | None = None, return_routes: bool = False) -> ForwardOutput:
   """Runs the decoder stack.
 
@@ -185,6 +188,10 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
     unroll_layers: static; without a cache, unroll the scan over layers. XLA:CPU then runs no
       while loop and stacks no per-layer residuals for the backward pass (about 15% faster
       training steps for shallow models), at the cost of compiling every layer separately.
+    lora: adapters of `config.lora` (`models.lora.init_lora` layout), applied beside the frozen
+      matmuls (`x @ W + s * (x @ A) @ B`); None runs the base model.
+    lora_rng: a PRNG key for the adapters' dropout (`config.lora.dropout`; the train step
+      passes one), None for no dropout.
     routes: MoE only: recorded routes to replay (`models.moe.replay.Routes`, experts
       `[batch, seq, layers, k]`): the positions of `routes.mask` use the recorded experts, with
       gates from the live router scores (router gradients flow); None routes live.
@@ -218,13 +225,21 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
                                                  c.moe.num_experts_per_tok)
     route_xs = (ex, act)
 
-  def ffn(p, x, lstate, rxs):
+  if lora is not None and c.lora is None:
+    raise ValueError("forward: adapters given but config.lora is None (set ModelConfig.lora)")
+  ad_xs = None if lora is None else (lora["layers"], None if lora_rng is None or not c.lora.dropout
+                                     else jax.random.split(lora_rng, c.num_layers))
+
+  def adapters(la):
+    return {} if la is None else layer_adapters(la[0], c, la[1])
+
+  def ffn(p, x, lstate, ad, rxs):
     h = rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
     if c.moe is None:
-      return x + swiglu_mlp(p["mlp"], h), {}
+      return x + swiglu_mlp(p["mlp"], h, ad), {}
     from jaxrl_sys.models.moe import block as moe  # pylint: disable=import-outside-toplevel
     forced = None if rxs is None else moe.Forced(rxs[0], forced_mask, rxs[1])
-    out, aux = moe.moe_block(p["moe"], h, c, lstate, token_mask=mask, forced=forced,
+    out, aux = moe.moe_block(p["moe"], h, c, lstate, token_mask=mask, adapters=ad, forced=forced,
                              per_token=per_token, return_experts=return_routes)
     return x + out, aux
 
@@ -239,12 +254,14 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
 
   if cache is None:
     def layer(x, xs):
-      p, lstate, rxs = xs
-      q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
-      x = x + _out_proj(p["attn"], _self_attention(q, k, v, seg, scale, c.attention_impl), x.dtype)
-      return ffn(p, x, lstate, rxs)
+      p, lstate, rxs, la = xs
+      ad = adapters(la)
+      q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c, ad)
+      x = x + _out_proj(p["attn"], _self_attention(q, k, v, seg, scale, c.attention_impl),
+                        x.dtype, ad)
+      return ffn(p, x, lstate, ad, rxs)
 
-    x, aux = jax.lax.scan(layer, x, (params["layers"], moe_state, route_xs),
+    x, aux = jax.lax.scan(layer, x, (params["layers"], moe_state, route_xs, ad_xs),
                           unroll=True if unroll_layers else 1)
     return finish(rms_norm(x, params["final_norm"], c.rms_norm_eps), None, aux)
 
@@ -266,15 +283,16 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
     live = mask[:, 0] > 0
 
     def decode_layer(x, xs):
-      p, lstate, rxs, kc, vc = xs
-      q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
+      p, lstate, rxs, kc, vc, la = xs
+      ad = adapters(la)
+      q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c, ad)
       out = _decode_attention(q, k, v, kc[:b, :w], vc[:b, :w], view.kv_valid[:, :w],
                               view.write_pos, live, scale, c.attention_impl)
-      x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype), lstate, rxs)
+      x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype, ad), lstate, ad, rxs)
       return x, (k[:, 0], v[:, 0], aux)
 
     x, (k_new, v_new, aux) = jax.lax.scan(
-        decode_layer, x, (params["layers"], moe_state, route_xs, cache.k, cache.v))
+        decode_layer, x, (params["layers"], moe_state, route_xs, cache.k, cache.v, ad_xs))
     dst = jnp.where(live, slots[:, 0], cache.max_len)      # out of range: dropped
     k_all = cache.k.at[:, rows[:, 0], dst].set(k_new.astype(cache.k.dtype), mode="drop")
     v_all = cache.v.at[:, rows[:, 0], dst].set(v_new.astype(cache.v.dtype), mode="drop")
@@ -288,16 +306,17 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
     attn_mask = kvc.chunk_mask(cache, kv_after, t)
 
     def chunk_layer(x, xs):
-      p, lstate, rxs, kc, vc = xs
-      q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
+      p, lstate, rxs, kc, vc, la = xs
+      ad = adapters(la)
+      q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c, ad)
       kc = kc.at[rows, slots].set(k.astype(kc.dtype), mode="drop")
       vc = vc.at[rows, slots].set(v.astype(vc.dtype), mode="drop")
       out = masked_attention(q, kc.astype(x.dtype), vc.astype(x.dtype), attn_mask, scale)
-      x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype), lstate, rxs)
+      x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype, ad), lstate, ad, rxs)
       return x, (kc, vc, aux)
 
     x, (k_all, v_all, aux) = jax.lax.scan(
-        chunk_layer, x, (params["layers"], moe_state, route_xs, cache.k, cache.v))
+        chunk_layer, x, (params["layers"], moe_state, route_xs, cache.k, cache.v, ad_xs))
   hidden = rms_norm(x, params["final_norm"], c.rms_norm_eps)
   return finish(hidden, kvc.KVCache(k_all, v_all, kv_after, write_after, next_after), aux)
 

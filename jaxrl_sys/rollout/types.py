@@ -192,7 +192,9 @@ class RolloutClient(Protocol):
   call (optionally waiting up to `timeout` seconds for at least `min_count`); abort() stops
   requests and returns their partial state (resumable later, e.g. APRIL partial rollouts);
   publish() makes version `version` the one used for tokens generated after it (an MoE
-  policy publishes its balancing state with it: the routing biases change which experts run);
+  policy publishes its balancing state with it: the routing biases change which experts run;
+  a LoRA policy publishes its adapters as `params` and names its frozen base with
+  `base=rollout.weights.BaseWeights(digest, params)`, which the engines get once);
   snapshot() copies the token state of every unfinished request without stopping it (what a
   checkpoint saves; resubmitting the copies resumes them).
   """
@@ -203,7 +205,8 @@ class RolloutClient(Protocol):
 
   def abort(self, request_ids: Iterable[int] | None = None) -> list[Request]: ...
 
-  def publish(self, params: Any, version: int, moe_state: Any = None) -> None: ...
+  def publish(self, params: Any, version: int, moe_state: Any = None,
+              base: Any = None) -> None: ...
 
   def num_pending(self) -> int: ...
 

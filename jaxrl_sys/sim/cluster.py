@@ -117,10 +117,18 @@ class SimCluster:
                if not w.local and w.created <= t and (w.ended is None or w.ended > t))
 
   # ----- weights -------------------------------------------------------------------------------
+  def pull_bytes(self, w: SimWorker) -> int:
+    """Bytes of `w`'s next pull: the weights; with LoRA (`preset.adapter_bytes`) the base and
+    the adapters for an instance that never loaded a version, then the adapters only."""
+    p = self.preset
+    if not p.adapter_bytes:
+      return p.weight_bytes
+    return p.adapter_bytes + (p.weight_bytes if w.version < 0 else 0)
+
   def begin_pull(self, w: SimWorker, version: int, now: float) -> bool:
     """The manager told `w` to load `version`; True when a transfer towards it is under way."""
     if not self.sync_push:
-      self.pool.start(w.worker_id, w.sender, self.preset.weight_bytes, now)
+      self.pool.start(w.worker_id, w.sender, self.pull_bytes(w), now)
       return True
     return any(g.version == version and w.worker_id in g.members for g in self.groups)
 
@@ -155,7 +163,7 @@ class SimCluster:
     self.groups = [g for g in self.groups if g.done_at is None or g.version >= version - 1]
     members = [w.worker_id for w in self.remote() if w.ready_at <= now]
     for wid in members:
-      self.pool.start(wid, self.workers[wid].sender, self.preset.weight_bytes, now)
+      self.pool.start(wid, self.workers[wid].sender, self.pull_bytes(self.workers[wid]), now)
     self.groups.append(SyncGroup(version, now, members))
 
   def can_serve(self, version: int) -> bool:

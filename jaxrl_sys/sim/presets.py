@@ -24,6 +24,7 @@ class ModelArch:
   Attributes:
     params: parameter count (embeddings and LM head included).
     num_layers, hidden, num_heads, num_kv_heads, head_dim: transformer shape.
+    intermediate: MLP width (what LoRA adapters on the MLP are sized by; 0: unknown).
   """
   params: float
   num_layers: int
@@ -31,6 +32,24 @@ class ModelArch:
   num_heads: int
   num_kv_heads: int
   head_dim: int
+  intermediate: int = 0
+
+  def lora_bytes(self, rank: int, targets: str = "attention,mlp") -> int:
+    """Bytes of bf16 LoRA adapters of `rank` on `targets` (the `--lora.targets` names: q, k,
+    v, o, gate, up, down, attention = q,k,v,o, mlp = gate,up,down): r * (in + out) per adapted
+    projection and layer, as `jaxrl_sys.models.lora` sizes them."""
+    names = set()
+    for t in (t.strip() for t in targets.split(",") if t.strip()):
+      names.update({"attention": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}.get(t, (t,)))
+    d, q, kv, f = (self.hidden, self.num_heads * self.head_dim,
+                   self.num_kv_heads * self.head_dim, self.intermediate)
+    sizes = {"q": d + q, "k": d + kv, "v": d + kv, "o": q + d, "gate": d + f, "up": d + f,
+             "down": f + d}
+    unknown = names - set(sizes)
+    if unknown or (f == 0 and names & {"gate", "up", "down"}):
+      raise ValueError(f"lora_bytes: targets {sorted(unknown) or sorted(names)} cannot be sized "
+                       "for this architecture")
+    return int(self.num_layers * rank * sum(sizes[n] for n in names) * BF16_BYTES)
 
   @property
   def weight_bytes(self) -> int:
@@ -75,6 +94,9 @@ class ModelPreset:
     local_kv_tokens: KV-cache tokens of a rollout engine on the reserved (training) nodes, when
       it differs from a spot instance's `decode.kv_capacity_tokens` (None: the same); e.g. the
       trainer's resident FSDP shards leave the co-located engine less memory.
+    adapter_bytes: LoRA with adapter-only sync: the bytes of one version's adapters. A spot
+      instance's first pull moves the base and the adapters, every later one the adapters
+      only (0: full weights every pull). Training and step costs stay the full model's.
   """
   name: str
   params_b: float
@@ -93,6 +115,7 @@ class ModelPreset:
   gpus_per_instance: int = 2
   gpus_per_node: int = 8
   local_kv_tokens: int | None = None
+  adapter_bytes: int = 0
 
   def __post_init__(self):
     if self.local_kv_tokens is not None and self.local_kv_tokens < 1:
@@ -163,11 +186,12 @@ def derive_preset(name: str, arch: ModelArch, hardware: Hardware = H100, train_n
 # 8 KV heads; head_dim 128; hidden 4096 / 5120 / 5120; intermediate 12288 / 17408 / 25600;
 # vocab 151936, untied LM head). Parameter counts recomputed from those shapes.
 QWEN3_8B_ARCH = ModelArch(params=8.1907e9, num_layers=36, hidden=4096, num_heads=32,
-                          num_kv_heads=8, head_dim=128)
+                          num_kv_heads=8, head_dim=128, intermediate=12288)
 QWEN3_14B_ARCH = ModelArch(params=14.768e9, num_layers=40, hidden=5120, num_heads=40,
-                           num_kv_heads=8, head_dim=128)
+                           num_kv_heads=8, head_dim=128, intermediate=17408)
 QWEN3_32B_ARCH = ModelArch(params=32.762e9, num_layers=64, hidden=5120, num_heads=64,
-                           num_kv_heads=8, head_dim=128)
+                           num_kv_heads=8, head_dim=128, intermediate=25600)
+ARCHS = {"qwen3-8b": QWEN3_8B_ARCH, "qwen3-14b": QWEN3_14B_ARCH, "qwen3-32b": QWEN3_32B_ARCH}
 
 # Training MFU: torchtitan reports 33-39% MFU for Llama-3.1-8B, FSDP on 8 H100s, bf16
 # (github.com/pytorch/torchtitan docs/performance.md); 0.35 for one node. Two nodes (32B):
@@ -178,6 +202,16 @@ QWEN3_14B = derive_preset("qwen3-14b", QWEN3_14B_ARCH, train_nodes=1, train_mfu=
 QWEN3_32B = derive_preset("qwen3-32b", QWEN3_32B_ARCH, train_nodes=2, train_mfu=0.30)
 
 PRESETS = {p.name: p for p in (QWEN3_8B, QWEN3_14B, QWEN3_32B)}
+
+
+def with_lora(preset: ModelPreset, rank: int, targets: str = "attention,mlp") -> ModelPreset:
+  """`preset` trained with LoRA adapters of `rank` on `targets` and adapter-only weight sync
+  (`ModelPreset.adapter_bytes`), named "<name>+lora<rank>"."""
+  arch = ARCHS.get(preset.name.split("+")[0])
+  if arch is None:
+    raise ValueError(f"with_lora: no architecture known for preset {preset.name!r}")
+  return dataclasses.replace(preset, name=f"{preset.name}+lora{rank}",
+                             adapter_bytes=arch.lora_bytes(rank, targets))
 
 
 def get_preset(name: str) -> ModelPreset:

@@ -61,12 +61,13 @@ class SimWorker:
     preset = cluster.preset.local() if local else cluster.preset
     self.engine = SimEngine(preset, self.model, self.ready_at)
     self.version = self.loading = -1
-    self.pull_started = 0.0
+    self.pull_started, self.pull_size = 0.0, 0  # the pull under way: its start and bytes
     self.deferred: int | None = None   # a version to pull once started up
     self.pending: Commands | None = None
     self.sent_at = self.created
     self.out: list[TokenChunk] = []
     self.pulls: list[tuple[int, float]] = []
+    self.load_bytes: list[tuple[int, int]] = []  # (version, bytes) of finished remote pulls
     self.registered = False
     self.announce = False
     self.seq = 0
@@ -224,6 +225,7 @@ class SimWorker:
         self.version, v = self.loading, self.loading
         self.loading = -1
         self.pulls.append((v, done - self.pull_started))
+        self.load_bytes.append((v, self.pull_size))
         self.cluster.pull_seconds.append(done - self.pull_started)
     for s, _ in self.engine.take_finished():
       finish = FinishReason.LENGTH if s.target >= s.budget else FinishReason.STOP
@@ -238,8 +240,10 @@ class SimWorker:
       self.pulls.append((version, 0.0))
     elif now < self.ready_at:
       self.deferred = version
-    elif self.cluster.begin_pull(self, version, now):
-      self.loading, self.pull_started = version, now
+    else:
+      size = self.cluster.pull_bytes(self)  # before the pull: the base moves with the first
+      if self.cluster.begin_pull(self, version, now):
+        self.loading, self.pull_started, self.pull_size = version, now, size
 
   def _submit(self, r: Request, now: float) -> None:
     target = int(r.meta.get("target", r.max_new_tokens))
@@ -263,8 +267,10 @@ class SimWorker:
     rep = WorkerReport(
         self.worker_id, self.seq, self.out, self.version, self.loading, list(e.running),
         [s.rid for s in e.waiting], e.effective_slots(),
-        np.asarray(e.take_profile(), np.float64).reshape(-1, 3), self.pulls, fatal=fatal)
+        np.asarray(e.take_profile(), np.float64).reshape(-1, 3), self.pulls, fatal=fatal,
+        load_bytes=self.load_bytes)
     self.seq += 1
     self.out, self.pulls, self.announce, self.pending = [], [], False, None
+    self.load_bytes = []
     e.changed = False
     return rep

@@ -2,8 +2,9 @@
 docs/architecture.md).
 
 `step/`, the pure core:
-- `TrainState(step, params, opt_state, ref_params, moe_state, rng)`, `init_train_state`,
-  `abstract_state`, `state_shardings`, `with_shardings` (restore targets on any mesh).
+- `TrainState(step, params, opt_state, ref_params, moe_state, rng, base)`, `init_train_state`,
+  `abstract_state`, `state_shardings`, `with_shardings` (restore targets on any mesh); with
+  LoRA (`ModelConfig.lora`) `params` are the adapters and `base` the frozen base.
 - `train_step(state, batch[micro, rows, T]) -> (state, metrics)` and its pieces `init_accum`,
   `accumulate`, `apply` (global normalisation across micro-batches), and `fused_step` (a step of
   one micro-batch as one program); `make_train_fns` jits them on a mesh
@@ -100,7 +101,7 @@ _NAMES = {
     "stack": "jaxrl_sys.train.step.batch",
     "state_shardings": "jaxrl_sys.train.step.state",
     "supervised_warmup": "jaxrl_sys.train.loop.supervised",
-    "token_logprobs": "jaxrl_sys.train.step.update",
+    "token_logprobs": "jaxrl_sys.train.step.logprobs",
     "train_config_for_algo": "jaxrl_sys.train.step.config",
     "train_programs": "jaxrl_sys.train.step.programs",
     "train_step": "jaxrl_sys.train.step.update",

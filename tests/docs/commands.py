@@ -178,6 +178,15 @@ COVERAGE = {
         f"{_MULTI}::test_two_processes_match_one_process_and_only_process_0_writes",
         "the same job on one machine: the TPU runtime supplies the coordinator, process count "
         "and id"),
+    "python -m experiments.grpo --lora.rank=8 --lora.alpha=16 --learning_rate=4e-3 --steps=60 "
+    "--out_dir=runs/lora --export_peft=runs/lora/adapter": Mapped(
+        f"{_HARNESS}::test_lora_learns_and_its_peft_export_loads_onto_the_base",
+        "the same LoRA flags on the learning test's sums data set"),
+    "python -m experiments.spot_sim --preset=all --settings=rlboost --segments=0,1 "
+    "--lora_rank=16": Mapped(
+        "tests/sim/test_lora_sim.py::test_first_pull_moves_the_base_then_adapters_only",
+        "the preset --lora_rank adds (sim.presets.with_lora) and its pulls; the command's "
+        "tables: test_the_experiment_prints_tables_and_writes_json_and_plots"),
     "python -m benchmarks.algorithms": Mapped(
         "tests/benchmarks/test_algorithms_quick.py::test_algorithms_quick",
         "--quick --only moe,collapse (the full run takes ~20 min on 2 cores)"),

@@ -84,7 +84,7 @@ def test_grpo_doc_commands_parse():
 
 def test_spot_sim_doc_commands_parse():
   parsed = _parse("experiments.spot_sim")
-  assert len(parsed) == 3
+  assert len(parsed) == 4
   for cmd, values in parsed.items():
     assert isinstance(values, dict), f"{cmd}: {values}"
 

@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_sys import backend
+from jaxrl_sys.models import adapters as adapters_lib
+from jaxrl_sys.models.layers import adapted_matmul
 from jaxrl_sys.models.moe import blocked as moe_blocked
 from jaxrl_sys.models.moe import experts as moe_experts
 from jaxrl_sys.models.moe import routing as moe_routing
@@ -124,10 +126,21 @@ def resolve_implementation(implementation: str, tokens: int, num_experts: int) -
                                     slots_max_rows=moe_slots.DENSE_FALLBACK_ROWS)
 
 
-def routed_experts(p: dict, x: jax.Array, routing: moe_routing.Routing, m: MoEConfig) -> jax.Array:
-  """Runs the routed experts of one layer with `m.implementation`. `x [tokens, D]` -> same."""
+def routed_experts(p: dict, x: jax.Array, routing: moe_routing.Routing, m: MoEConfig,
+                   adapters: dict | None = None) -> jax.Array:
+  """Runs the routed experts of one layer with `m.implementation`. `x [tokens, D]` -> same.
+
+  `adapters`: LoRA adapters of the experts' weights by name (`w_gate`, `w_up`, `w_down`; each
+  a `models.lora.Adapter` with a leading expert axis), or None. The "slots" and "segments"
+  paths have none: with adapters, "auto" runs "blocked" where it would run them."""
   w = {k: p[k] for k in ("w_gate", "w_up", "w_down")}
   impl = resolve_implementation(m.implementation, x.shape[0], m.num_experts)
+  if adapters:
+    if impl in adapters_lib.NO_EXPERT_ADAPTERS:
+      if m.implementation != "auto":
+        raise ValueError(f"MoEConfig.implementation={m.implementation!r} has no expert adapters")
+      impl = "blocked"
+    return _adapted_experts(impl, w, x, routing, m, adapters)
   if impl == "dense":
     return moe_experts.dense_experts(w, x, routing.experts, routing.gates)
   if impl == "slots":
@@ -149,9 +162,44 @@ def routed_experts(p: dict, x: jax.Array, routing: moe_routing.Routing, m: MoECo
       expert_axis=m.expert_axis, dispatch=m.ep_dispatch)
 
 
-def _shared(p: dict, x: jax.Array, m: MoEConfig) -> jax.Array:
+def _adapted_experts(impl: str, w: dict, x: jax.Array, routing: moe_routing.Routing,
+                     m: MoEConfig, adapters: dict) -> jax.Array:
+  """`routed_experts` with expert adapters: the dense reference, blocked, ragged (grouped
+  matmul) or expert-parallel path with the adapter terms beside each expert matmul."""
+  r = routing
+  if impl == "dense":
+    return moe_experts.dense_experts(w, x, r.experts, r.gates, adapters)
+  if impl == "blocked":
+    return moe_blocked.blocked_experts(w, x, r.experts, r.gates, r.active, adapters=adapters)
+  if impl == "ragged":
+    return moe_experts.ragged_experts(w, x, r.experts, r.gates, r.active, m.grouped_matmul_impl,
+                                      adapters)
+  from jaxrl_sys.sharding import expert_parallel  # pylint: disable=import-outside-toplevel
+  # The adapters' A and B go through the shard_map with the weights (leading expert axis);
+  # the dropout keys stay outside (replicated: the same mask pattern on every device).
+  names = sorted(adapters)
+  wl = dict(w, **{f"lora_{n}_{ab}": getattr(adapters[n], ab) for n in names for ab in "ab"})
+
+  def expert_fn(wl, rows, sizes):
+    ad = {n: adapters[n]._replace(a=wl[f"lora_{n}_a"], b=wl[f"lora_{n}_b"]) for n in names}
+    base = {k: wl[k] for k in ("w_gate", "w_up", "w_down")}
+    return moe_experts.swiglu_grouped(base, rows, sizes, m.grouped_matmul_impl, ad)
+
+  return expert_parallel.expert_parallel_experts(
+      wl, x, r.experts, r.gates, r.active, expert_fn=expert_fn, expert_axis=m.expert_axis,
+      dispatch=m.ep_dispatch)
+
+
+def _shared(p: dict, x: jax.Array, m: MoEConfig, adapters: dict | None = None) -> jax.Array:
   dt = x.dtype
   s = p["shared"]
+  if adapters:
+    g = adapted_matmul(x, s["w_gate"], adapters.get("w_gate"))
+    u = adapted_matmul(x, s["w_up"], adapters.get("w_up"))
+    y = adapted_matmul(jax.nn.silu(g) * u, s["w_down"], adapters.get("w_down"))
+    if m.shared_expert_gate:
+      y = y * jax.nn.sigmoid(x @ p["shared_gate"].astype(dt))
+    return y
   h = jax.nn.silu(x @ s["w_gate"].astype(dt)) * (x @ s["w_up"].astype(dt))
   y = h @ s["w_down"].astype(dt)
   if m.shared_expert_gate:
@@ -172,8 +220,9 @@ class Forced(NamedTuple):
 
 
 def moe_block(p: dict, h: jax.Array, config: ModelConfig, lstate: MoEState | None = None, *,
-              token_mask: jax.Array | None = None, forced: Forced | None = None,
-              per_token: bool = False, return_experts: bool = False) -> tuple[jax.Array, dict]:
+              token_mask: jax.Array | None = None, adapters: dict | None = None,
+              forced: Forced | None = None, per_token: bool = False,
+              return_experts: bool = False) -> tuple[jax.Array, dict]:
   """One MoE feed-forward layer.
 
   Args:
@@ -182,6 +231,9 @@ def moe_block(p: dict, h: jax.Array, config: ModelConfig, lstate: MoEState | Non
     config: model config with `moe` set (static).
     lstate: this layer's `MoEState` slice (bias `[E]`, q `[E]`), or None (zeros).
     token_mask: `[batch, seq]` 1 for real tokens, 0 for padding (default all real).
+    adapters: this layer's LoRA adapters (`models.lora.layer_adapters`: the `("moe", ...)`
+      entries apply to the routed and shared experts), or None. The router is never adapted,
+      so captured and replayed routes are the base router's (with the policy's balancing state).
     forced: recorded routes to replay (`Forced`), or None (route live).
     per_token: route every token on its own with the stored balancing state (inference: no BIP
       sweeps, no capacity drop; `routing.route`); False routes the batch (training).
@@ -221,9 +273,12 @@ def moe_block(p: dict, h: jax.Array, config: ModelConfig, lstate: MoEState | Non
         norm_topk_prob=m.norm_topk_prob, routed_scaling_factor=m.routed_scaling_factor)
     replayed = jnp.sum((forced.mask.reshape(b * t).astype(bool) & valid).astype(jnp.float32))
     replay_aux = {"replay_agree": agree, "replayed": replayed * k}
-  out = routed_experts(p, x, routing, m)
+  routed_ad = shared_ad = None
+  if adapters:
+    routed_ad, shared_ad = adapters_lib.routed(adapters), adapters_lib.shared(adapters)
+  out = routed_experts(p, x, routing, m, routed_ad)
   if m.shared_width:
-    out = out + _shared(p, x, m)
+    out = out + _shared(p, x, m, shared_ad)
   aux_loss = jnp.zeros((), jnp.float32)
   if m.balancing == "aux_loss":
     aux_loss = m.aux_loss_coef * moe_routing.switch_aux_loss(scores, routing, valid, k)

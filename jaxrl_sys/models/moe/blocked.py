@@ -73,7 +73,8 @@ def block_layout(experts: jax.Array, active: jax.Array, num_experts: int,
 
 
 def blocked_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array,
-                    active: jax.Array, block: int | None = None) -> jax.Array:
+                    active: jax.Array, block: int | None = None,
+                    adapters: dict | None = None) -> jax.Array:
   """SwiGLU experts as one batched GEMM over expert-sorted row blocks.
 
   Args:
@@ -81,6 +82,8 @@ def blocked_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array,
     x: `[tokens, d]` (compute dtype).
     experts, gates, active: `[tokens, k]` routing (int32 ids, float32 gates, bool).
     block: rows per block (default `block_size(tokens * k, E)`).
+    adapters: LoRA adapters by weight name (`models.lora.Adapter`, A `[E, in, r]`, B
+      `[E, r, out]`), gathered per block like the weights, or None.
 
   Returns:
     `[tokens, d]` in x's dtype: `sum_k gate * expert(x)` over active assignments.
@@ -94,9 +97,16 @@ def blocked_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array,
   nb = lay.block_expert.shape[0]
   xs = moe_experts.gather_rows(x, lay.src).reshape(nb, block, d)
   w = {name: p[name].astype(dt)[lay.block_expert] for name in ("w_gate", "w_up", "w_down")}
-  g = jnp.einsum("bmd,bdf->bmf", xs, w["w_gate"])
-  u = jnp.einsum("bmd,bdf->bmf", xs, w["w_up"])
-  y = jnp.einsum("bmf,bfd->bmd", swiglu(g, u), w["w_down"]).reshape(nb * block, d)
+  ad = {n: a._replace(a=a.a[lay.block_expert], b=a.b[lay.block_expert])
+        for n, a in (adapters or {}).items()}
+
+  def mm(a, name):
+    y = jnp.einsum("bmi,bio->bmo", a, w[name])
+    if name in ad:
+      y = y + moe_experts.adapter_einsum(ad[name], a, "bmi,bir->bmr", "bmr,bro->bmo")
+    return y
+
+  y = mm(swiglu(mm(xs, "w_gate"), mm(xs, "w_up")), "w_down").reshape(nb * block, d)
   ya = moe_experts.gather_rows(y, jnp.where(active.reshape(-1), lay.row, nb * block)).reshape(
       n, k, d)
   return jnp.einsum("nkd,nk->nd", ya, gates.astype(dt))

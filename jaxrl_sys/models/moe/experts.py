@@ -37,7 +37,16 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
   return jax.lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32))
 
 
-def dense_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array) -> jax.Array:
+def adapter_einsum(ad, x: jax.Array, eq_a: str, eq_b: str) -> jax.Array:
+  """An expert adapter's term `scale * (drop(x) @ A_e) @ B_e` by two einsums (`eq_a` contracts
+  x with A `[E, in, r]`, `eq_b` the result with B `[E, r, out]`)."""
+  dt = x.dtype
+  h = jnp.einsum(eq_a, ad.drop(x), ad.a.astype(dt))
+  return jnp.einsum(eq_b, h * jnp.asarray(ad.scale, dt), ad.b.astype(dt))
+
+
+def dense_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array,
+                  adapters: dict | None = None) -> jax.Array:
   """Reference: every expert on every token, combined by a `[tokens, experts]` weight matrix.
 
   Args:
@@ -45,17 +54,27 @@ def dense_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array) -
     x: `[tokens, d]` (compute dtype).
     experts: `[tokens, k]` int32.
     gates: `[tokens, k]` float32, zero for inactive assignments.
+    adapters: LoRA adapters by weight name (`models.lora.Adapter`, A `[E, in, r]`, B
+      `[E, r, out]`), or None.
 
   Returns:
     `[tokens, d]` in x's dtype.
   """
   dt = x.dtype
+  ad = adapters or {}
   num_experts = p["w_gate"].shape[0]
   combine = jnp.sum(jax.nn.one_hot(experts, num_experts, dtype=jnp.float32) * gates[..., None],
                     axis=1)                                                    # [tokens, E]
   g = jnp.einsum("td,edf->etf", x, p["w_gate"].astype(dt))
   u = jnp.einsum("td,edf->etf", x, p["w_up"].astype(dt))
-  y = jnp.einsum("etf,efd->etd", jax.nn.silu(g) * u, p["w_down"].astype(dt))
+  if "w_gate" in ad:
+    g = g + adapter_einsum(ad["w_gate"], x, "td,edr->etr", "etr,erf->etf")
+  if "w_up" in ad:
+    u = u + adapter_einsum(ad["w_up"], x, "td,edr->etr", "etr,erf->etf")
+  h = jax.nn.silu(g) * u
+  y = jnp.einsum("etf,efd->etd", h, p["w_down"].astype(dt))
+  if "w_down" in ad:
+    y = y + adapter_einsum(ad["w_down"], h, "etf,efr->etr", "etr,erd->etd")
   return jnp.einsum("te,etd->td", combine.astype(dt), y)
 
 
@@ -102,16 +121,26 @@ def place_sorted(order: jax.Array, sorted_ids: jax.Array, sizes: jax.Array, firs
   return row, owner
 
 
-def swiglu_grouped(p: dict, xs: jax.Array, group_sizes: jax.Array, impl: str = "xla") -> jax.Array:
-  """SwiGLU experts on rows `xs [rows, d]` sorted by expert with `group_sizes [E]`."""
+def swiglu_grouped(p: dict, xs: jax.Array, group_sizes: jax.Array, impl: str = "xla",
+                   adapters: dict | None = None) -> jax.Array:
+  """SwiGLU experts on rows `xs [rows, d]` sorted by expert with `group_sizes [E]`; LoRA
+  `adapters` by weight name add `scale * (x @ A_e) @ B_e` as two grouped matmuls each."""
   dt = xs.dtype
-  g = grouped_matmul(xs, p["w_gate"].astype(dt), group_sizes, impl)
-  u = grouped_matmul(xs, p["w_up"].astype(dt), group_sizes, impl)
-  return grouped_matmul(jax.nn.silu(g) * u, p["w_down"].astype(dt), group_sizes, impl)
+  ad = adapters or {}
+
+  def mm(a, name):
+    y = grouped_matmul(a, p[name].astype(dt), group_sizes, impl)
+    if name not in ad:
+      return y
+    h = grouped_matmul(ad[name].drop(a), ad[name].a.astype(dt), group_sizes, impl)
+    return y + grouped_matmul(h * jnp.asarray(ad[name].scale, dt), ad[name].b.astype(dt),
+                              group_sizes, impl)
+
+  return mm(jax.nn.silu(mm(xs, "w_gate")) * mm(xs, "w_up"), "w_down")
 
 
 def ragged_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array, active: jax.Array,
-                   impl: str = "xla") -> jax.Array:
+                   impl: str = "xla", adapters: dict | None = None) -> jax.Array:
   """Dropless grouped-matmul experts: sort assignments by expert, one ragged matmul per weight.
 
   Inactive assignments (padding, dropped) are sorted past the groups and cost nothing.
@@ -121,6 +150,7 @@ def ragged_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array, 
     x: `[tokens, d]`.
     experts, gates, active: `[tokens, k]` routing.
     impl: grouped-matmul implementation.
+    adapters: LoRA adapters by weight name (see `dense_experts`), or None.
 
   Returns:
     `[tokens, d]` in x's dtype.
@@ -130,7 +160,7 @@ def ragged_experts(p: dict, x: jax.Array, experts: jax.Array, gates: jax.Array, 
   num_experts = p["w_gate"].shape[0]
   order, sizes, _ = sort_by_expert(experts, active, num_experts)
   xs = x[order // k]                                                           # [t*k, d]
-  ys = swiglu_grouped(p, xs, sizes, impl)
+  ys = swiglu_grouped(p, xs, sizes, impl, adapters)
   ys = ys * gates.reshape(-1)[order][:, None].astype(ys.dtype)
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(t * k, dtype=order.dtype))
   return jnp.sum(ys[inverse].reshape(t, k, -1), axis=1)

@@ -1,4 +1,5 @@
-"""Checks published weights against the model before an engine serves them.
+"""Checks published weights against the model before an engine serves them, and requests
+against an engine's context (`check_request`).
 
 A wrong tree (missing or extra parameters), a wrong shape or a non-float dtype would otherwise
 surface as a raw `KeyError` / shape error deep in the model code, or worse, generate tokens from
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_sys.models.config import ModelConfig
+from jaxrl_sys.rollout.engine.config import EngineConfig
 from jaxrl_sys.models.transformer import init_params
 
 _SHOW = 8  # mismatches listed per kind
@@ -70,3 +72,24 @@ def check_weights(config: ModelConfig, params: Any, version: int | None = None) 
       f"vocab {config.vocab_size}): " + "; ".join(w for w in what if w) +
       ". Publish parameters built for this model config (e.g. from init_params or the "
       "checkpoint of the same model), in a float dtype")
+
+
+def check_request(r: Any, model_config: ModelConfig, config: EngineConfig) -> None:
+  """Raises ValueError naming the problem unless request `r` (`rollout.types.Request`) fits the
+  engine: its context (`max_len`), a positive budget, token ids in the vocabulary, and a
+  prefill that fits the largest prefill bucket."""
+  total = len(r.prompt) + r.max_new_tokens
+  if total > config.max_len:
+    raise ValueError(
+        f"request {r.request_id}: prompt longer than the context: prompt length "
+        f"{len(r.prompt)} + max_new_tokens {r.max_new_tokens} = {total} > engine max_len "
+        f"{config.max_len}")
+  if r.max_new_tokens <= 0:
+    raise ValueError(f"request {r.request_id}: max_new_tokens must be > 0")
+  seq = np.concatenate([r.prompt, r.tokens])
+  if seq.min() < 0 or seq.max() >= model_config.vocab_size:
+    raise ValueError(f"request {r.request_id}: token ids outside [0, vocab_size="
+                     f"{model_config.vocab_size})")
+  if len(seq) - 1 > config.prefill_buckets[-1]:
+    raise ValueError(f"request {r.request_id}: prefill length {len(seq) - 1} exceeds the "
+                     f"largest prefill bucket {config.prefill_buckets[-1]}")

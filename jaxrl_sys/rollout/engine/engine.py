@@ -1,8 +1,9 @@
 """Continuous-batching generation engine for RL rollout (host-side bookkeeping).
 
 The device side is three pure jitted functions in `rollout.engine.slots` (prefill, prefix copy,
-chunked decode) over a fixed slot cache; this class only decides what goes where. Each
-`step()`:
+chunked decode) over a fixed slot cache, called by `rollout.engine.device.SlotDevice` with the
+weights of `rollout.engine.weights.EngineWeights` (with LoRA the frozen base beside the
+adapters); this class only decides what goes where. Each `step()`:
 
 1. admits waiting requests into free slots (FIFO, lowest slots first). Requests whose prefill
    sequence (prompt, or prompt + partial response for a resumed request, minus the pending last
@@ -54,11 +55,13 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 import numpy as np
 
-from jaxrl_sys.models import kv_cache as kvc
 from jaxrl_sys.models.config import ModelConfig
 from jaxrl_sys.rollout.engine import slots
+from jaxrl_sys.rollout.engine.check import check_request
 from jaxrl_sys.rollout.engine.config import EngineConfig, EngineStats
+from jaxrl_sys.rollout.engine.device import SlotDevice
 from jaxrl_sys.rollout.engine.routes import SlotRoutes
+from jaxrl_sys.rollout.engine.weights import EngineWeights
 from jaxrl_sys.rollout.types import Completion, FinishReason, Request, TokenChunk
 
 pick = slots.pick_bucket
@@ -70,21 +73,19 @@ class Engine:
 
   def __init__(self, model_config: ModelConfig, params: Any, config: EngineConfig = EngineConfig(),
                version: int = 0, on_chunk: Callable[[list[TokenChunk]], None] | None = None,
-               moe_state: Any = None):
+               moe_state: Any = None, base: Any = None):
     """`moe_state` is the policy's MoE balancing state (`models.moe.MoEState`: the routing
     biases of aux-free / BIP balancing steer top-k selection, so rollout must use the trainer's);
-    None means zeros for an MoE model."""
+    None means zeros for an MoE model. With LoRA (`model_config.lora`), `params` are the
+    adapters and `base` the frozen base they apply to: the engine runs `x @ W + s (x @ A) @ B`
+    (or, with `lora.merge`, the base merged with the adapters once per version)."""
     if config.max_len > model_config.max_seq_len:
       raise ValueError(f"EngineConfig.max_len={config.max_len} exceeds the model's max_seq_len="
                        f"{model_config.max_seq_len}")
     self.model_config, self.config, self.on_chunk = model_config, config, on_chunk
-    self.params, self.version = params, int(version)
-    self.moe_state = self._moe_state(moe_state)
-    self._param_shapes = _shapes((params, self.moe_state))
+    self.weights = EngineWeights(model_config, params, moe_state, base)
+    self.version = int(version)
     s = config.num_slots
-    dtype = None if config.cache_dtype is None else jax.numpy.dtype(config.cache_dtype)
-    self.cache = kvc.init_cache(model_config, s, config.max_len, dtype)
-    self._warmed = 0  # variants run by `warmup` so far
     self._pending = np.zeros((s,), np.int32)   # token to feed next
     self._keys = np.zeros((s, 2), np.uint32)
     self._index = np.zeros((s,), np.int32)     # response index of the next sampled token
@@ -105,8 +106,24 @@ class Engine:
     self._waiting_keys: collections.Counter[bytes] = collections.Counter()
     self._done: list[Completion] = []
     self.stats = EngineStats()
+    self.device = SlotDevice(model_config, config, self.weights, self.stats)
 
   # ----- queries -------------------------------------------------------------------------------
+  @property
+  def params(self) -> Any:
+    """The parameters served (with LoRA: the adapters)."""
+    return self.weights.params
+
+  @property
+  def base(self) -> Any:
+    """LoRA: the frozen base the adapters apply to (None without LoRA)."""
+    return self.weights.base
+
+  @property
+  def cache(self) -> Any:
+    """The slot KV cache (`models.kv_cache.KVCache`, replaced by every device call)."""
+    return self.device.cache
+
   @property
   def num_running(self) -> int:
     return int(self._live.sum())
@@ -156,21 +173,7 @@ class Engine:
         self._enqueue(r)
 
   def _validate(self, r: Request) -> None:
-    total = len(r.prompt) + r.max_new_tokens
-    if total > self.config.max_len:
-      raise ValueError(
-          f"request {r.request_id}: prompt longer than the context: prompt length "
-          f"{len(r.prompt)} + max_new_tokens {r.max_new_tokens} = {total} > engine max_len "
-          f"{self.config.max_len}")
-    if r.max_new_tokens <= 0:
-      raise ValueError(f"request {r.request_id}: max_new_tokens must be > 0")
-    seq = np.concatenate([r.prompt, r.tokens])
-    if seq.min() < 0 or seq.max() >= self.model_config.vocab_size:
-      raise ValueError(f"request {r.request_id}: token ids outside [0, vocab_size="
-                       f"{self.model_config.vocab_size})")
-    if len(seq) - 1 > self.config.prefill_buckets[-1]:
-      raise ValueError(f"request {r.request_id}: prefill length {len(seq) - 1} exceeds the "
-                       f"largest prefill bucket {self.config.prefill_buckets[-1]}")
+    check_request(r, self.model_config, self.config)
     if r.request_id in self._ids:
       raise ValueError(f"request {r.request_id} is already in this engine")
     if r.min_version > self.version:
@@ -211,26 +214,14 @@ class Engine:
     self.stats.aborted += len(out)
     return out
 
-  def _moe_state(self, moe_state: Any) -> Any:
-    if self.model_config.moe is None:
-      if moe_state is not None:
-        raise ValueError("moe_state given for a dense model (model_config.moe is None)")
-      return None
-    if moe_state is None:
-      from jaxrl_sys.models.moe import block as moe  # pylint: disable=import-outside-toplevel
-      return moe.init_moe_state(self.model_config)
-    return moe_state
-
-  def load(self, params: Any, version: int, moe_state: Any = None) -> None:
-    """Uses `params` (same structure, shapes and dtypes) and `moe_state` (MoE models; None =
-    zeros) for every token generated from now on; those tokens carry `version`. Running
-    requests keep their KV unless `config.recompute_kv_on_swap`, which re-queues them first to
-    be re-prefilled."""
-    moe_state = self._moe_state(moe_state)
-    if _shapes((params, moe_state)) != self._param_shapes:
-      raise ValueError("load: params differ in structure, shape or dtype from the "
-                       "engine's (this would recompile every function)")
-    self.params, self.version, self.moe_state = params, int(version), moe_state
+  def load(self, params: Any, version: int, moe_state: Any = None, base: Any = None) -> None:
+    """Uses `params` (same structure, shapes and dtypes; with LoRA the adapters) and
+    `moe_state` (MoE models; None = zeros) for every token generated from now on; those tokens
+    carry `version`; with LoRA a new `base` (same shapes) replaces the frozen base (None: keep
+    it). Running requests keep their KV unless `config.recompute_kv_on_swap`, which re-queues
+    them first to be re-prefilled."""
+    self.weights.load(params, moe_state, base)
+    self.version = int(version)
     self._prefix = [None] * self.config.num_slots  # new admissions prefill with the new weights
     if self._routes is not None:
       self._routes.clear()
@@ -268,68 +259,16 @@ class Engine:
     self.stats.completed += 1
 
   # ----- device calls --------------------------------------------------------------------------
-  def _call(self, fn, *args, **kwargs):
-    size = getattr(fn, "_cache_size", lambda: 0)
-    before = size()
-    out = fn(*args, **kwargs)
-    self.stats.compilations += size() - before
-    return out
-
-  def _decode(self, rows: int, width: int, live):
-    c = self.config
-    out = self._call(slots.decode, self.params, self.cache, self._pending[:rows],
-                     self._keys[:rows], self._index[:rows], self._budget[:rows], live,
-                     self.moe_state, config=self.model_config, sampling=c.sampling,
-                     num_steps=c.stream_every, width=width)
-    self.cache = out[0]
-    return out[1:]
-
-  def _copy(self, moves: list[tuple[int, int, int]]) -> None:
-    """Copies `(src, dst, length)` prefixes (any number) in calls of `num_slots` entries."""
-    n = self.config.num_slots
-    for i in range(0, len(moves), n):
-      part = moves[i:i + n]
-      src, lens = np.zeros((n,), np.int32), np.zeros((n,), np.int32)
-      dst = np.full((n,), n, np.int32)
-      for j, (a, d, m) in enumerate(part):
-        src[j], dst[j], lens[j] = a, d, m
-      t = pick(max(int(lens.max()), 1), self.config.copy_buckets)
-      self.cache = self._call(slots.copy_prefix, self.cache, src, dst, lens, t=t)
-      self.stats.copy_calls += 1
-
   def warmup(self, limit: int | None = None) -> bool:
     """Compiles the prefill / copy / decode variants now (no state change): afterwards a
     stream of requests of any admissible length runs without compiling. With `limit`, runs
     at most that many of the variants earlier calls did not run (a variant already compiled
     by serving is a cheap cache hit). Returns whether variants remain."""
-    c, n = self.config, self.config.num_slots
-    variants = [("prefill", t, b) for t in c.prefill_buckets for b in c.prefill_batch_buckets]
-    if c.extend_prefixes:
-      variants += [("extend", t, b) for t in c.prefill_buckets for b in c.prefill_batch_buckets]
-    variants += [("copy", t, 0) for t in c.copy_buckets]
-    variants += [("decode", rows, w) for rows in c.decode_row_buckets
-                 for w in c.decode_len_buckets]
-    done = self._warmed
-    todo = variants[done:] if limit is None else variants[done:done + limit]
-    for kind, a, b in todo:
-      if kind == "prefill":
-        self.cache, _ = self._call(slots.prefill, self.params, self.cache,
-                                   np.zeros((b, a), np.int32), np.zeros((b,), np.int32),
-                                   np.full((b,), n, np.int32), self.moe_state,
-                                   self._forced(b, a), config=self.model_config)
-      elif kind == "extend":
-        self.cache, _ = self._call(slots.extend, self.params, self.cache,
-                                   np.zeros((b, a), np.int32), np.zeros((b,), np.int32),
-                                   np.zeros((b,), np.int32), np.full((b,), n, np.int32),
-                                   self.moe_state, self._forced(b, a), config=self.model_config)
-      elif kind == "copy":
-        self.cache = self._call(slots.copy_prefix, self.cache, np.zeros((n,), np.int32),
-                                np.full((n,), n, np.int32), np.zeros((n,), np.int32), t=a)
-      else:
-        self._decode(a, b, np.zeros((a,), bool))
-    self._warmed = done + len(todo)
-    jax.block_until_ready(self.cache)
-    return self._warmed < len(variants)
+    return self.device.warmup(limit, self._forced)
+
+  def _decode(self, rows: int, width: int, live):
+    return self.device.decode(width, self._pending[:rows], self._keys[:rows], self._index[:rows],
+                              self._budget[:rows], live)
 
   def _free_order(self) -> list[int]:
     """Free slots, lowest first, those holding a prefix a waiting request wants last."""
@@ -427,46 +366,10 @@ class Engine:
       self._keys[s], self._index[s], self._budget[s] = r.key, r.num_generated, r.remaining
       self._written[s] = n
       self.stats.admitted += 1
-    leaders.sort(key=lambda x: len(x[0]))
-    max_b = c.prefill_batch_buckets[-1]
-    for i in range(0, len(leaders), max_b):
-      part = leaders[i:i + max_b]
-      b = pick(len(part), c.prefill_batch_buckets)
-      t = pick(max(len(q) for q, _, _ in part), c.prefill_buckets)
-      toks, lens = np.zeros((b, t), np.int32), np.zeros((b,), np.int32)
-      dst = np.full((b,), c.num_slots, np.int32)
-      forced = self._forced(b, t)
-      for j, (q, s, r) in enumerate(part):
-        toks[j, :len(q)], lens[j], dst[j] = q, len(q), s
-        if r.num_routed:  # recorded routes (all or a prefix): rebuild the KV with them
-          self._routes.fill(r, 0, forced[0][j], forced[1][j])
-      self.cache, routes = self._call(slots.prefill, self.params, self.cache, toks, lens, dst,
-                                      self.moe_state, forced, config=self.model_config)
-      if routes is not None:
-        self._routes.prefilled(routes, [(s, len(q)) for q, s, _ in part])
-      self.stats.prefill_calls += 1
-      self.stats.prefill_rows += len(part)
-      self.stats.prefill_tokens += int(lens.sum())
-      self.stats.prefill_padded_tokens += b * t
-    for i in range(0, len(extends), max_b):
-      part = extends[i:i + max_b]
-      b = pick(len(part), c.prefill_batch_buckets)
-      t = pick(max(len(q) for q, _, _, _ in part), c.prefill_buckets)
-      toks, lens = np.zeros((b, t), np.int32), np.zeros((b,), np.int32)
-      starts, dst = np.zeros((b,), np.int32), np.full((b,), c.num_slots, np.int32)
-      forced = self._forced(b, t)
-      for j, (q, m, s, r) in enumerate(part):
-        toks[j, :len(q)], lens[j], starts[j], dst[j] = q, len(q), m, s
-        if r.num_routed > m:  # recorded routes of extension positions: forced
-          self._routes.fill(r, m, forced[0][j], forced[1][j])
-      self.cache, routes = self._call(slots.extend, self.params, self.cache, toks, lens, starts,
-                                      dst, self.moe_state, forced, config=self.model_config)
-      if routes is not None:
-        self._routes.extend_rows(routes, [(s, len(q)) for q, _, s, _ in part])
-      self.stats.extend_calls += 1
-      self.stats.extend_tokens += int(lens.sum())
+    self.device.prefill_blocks(leaders, self._routes)
+    self.device.extend_blocks(extends, self._routes)
     if copies:
-      self._copy(copies)
+      self.device.copy(copies)
 
   def _pack(self) -> None:
     """Moves live requests down into free low slots when that shrinks the decode rows bucket."""
@@ -477,7 +380,7 @@ class Engine:
     holes = [s for s in self._free_order() if s < target]
     movers = [int(s) for s in live if s >= target]
     moves = [(a, d, int(self._written[a])) for a, d in zip(movers, holes)]
-    self._copy(moves)
+    self.device.copy(moves)
     for a, d, _ in moves:
       for arr in (self._pending, self._keys, self._index, self._budget, self._written):
         arr[d] = arr[a]
@@ -541,7 +444,3 @@ class Engine:
       n += 1
     return self.take_completions()
 
-
-def _shapes(tree) -> Any:
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)

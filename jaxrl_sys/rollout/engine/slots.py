@@ -73,8 +73,8 @@ def _routes_arg(forced):
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
-def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, moe_state=None, forced=None, *,
-            config: ModelConfig):
+def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, moe_state=None, forced=None,
+            lora=None, *, config: ModelConfig):
   """Prefills a block of right-padded sequences and writes each into one slot.
 
   Args:
@@ -86,6 +86,7 @@ def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, moe_state=None, fo
     moe_state: the policy's MoE balancing state (routing biases), or None (dense / zeros).
     forced: MoE only: (experts `[batch, t, layers, k]`, mask `[batch, t]` bool) recorded routes
       imposed where mask is set (the other positions route live), or None.
+    lora: LoRA adapters applied beside `params` (`config.lora`), or None.
     config: model config (static).
 
   Returns:
@@ -97,14 +98,14 @@ def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, moe_state=None, fo
   tmp = kvc.init_cache(config, b, t, dtype=cache.k.dtype)
   moe = config.moe is not None
   out = forward(params, config, tokens, attention_mask=mask, cache=tmp, moe_state=moe_state,
-                routes=_routes_arg(forced), return_routes=moe)
+                routes=_routes_arg(forced), return_routes=moe, lora=lora)
   routes = out.routes.experts if moe else None
   return _write_prefix(cache, out.cache.k, out.cache.v, lengths, dst), routes
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
 def extend(params, cache: kvc.KVCache, tokens, lengths, starts, dst, moe_state=None,
-           forced=None, *, config: ModelConfig):
+           forced=None, lora=None, *, config: ModelConfig):
   """Appends a block of right-padded sequences to slot rows that keep their first tokens.
 
   The next turn of a multi-turn episode: the slot that served the previous turn still holds
@@ -122,6 +123,7 @@ def extend(params, cache: kvc.KVCache, tokens, lengths, starts, dst, moe_state=N
     forced: MoE only: (experts `[batch, t, layers, k]`, mask `[batch, t]` bool) recorded routes
       of extension positions imposed where mask is set (the others route live), or None. The
       kept positions keep the routes their KV was computed with (the engine keeps them).
+    lora: LoRA adapters applied beside `params` (`config.lora`), or None.
     config: model config (static).
 
   Returns:
@@ -135,7 +137,7 @@ def extend(params, cache: kvc.KVCache, tokens, lengths, starts, dst, moe_state=N
   mask = (jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]).astype(jnp.int32)
   moe = config.moe is not None
   out = forward(params, config, tokens, attention_mask=mask, cache=view, moe_state=moe_state,
-                routes=_routes_arg(forced), return_routes=moe)
+                routes=_routes_arg(forced), return_routes=moe, lora=lora)
   routes = out.routes.experts if moe else None
   total = starts + lengths
   return kvc.KVCache(
@@ -169,8 +171,9 @@ def copy_prefix(cache: kvc.KVCache, src, dst, lengths, *, t: int) -> kvc.KVCache
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "num_steps", "width"),
                    donate_argnames=("cache",))
-def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_state=None, *,
-           config: ModelConfig, sampling: SamplingConfig, num_steps: int, width: int):
+def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_state=None,
+           lora=None, *, config: ModelConfig, sampling: SamplingConfig, num_steps: int,
+           width: int):
   """Runs up to `num_steps` decode steps over slots `[0, rows)` (rows = `pending.shape[0]`),
   attending over cache slots `[0, width)`; stops early when no slot is live.
 
@@ -188,6 +191,7 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
     budget: `[rows]` int32 tokens the slot may still generate (>= 1 for live slots).
     live: `[rows]` bool slots that generate.
     moe_state: the policy's MoE balancing state (routing biases), or None (dense / zeros).
+    lora: LoRA adapters applied beside `params` (`config.lora`), or None.
     config, sampling: static configs; `sampling.max_new_tokens` is ignored (budget is per slot).
     num_steps: static chunk length.
     width: static attention window (cache slots), >= write_pos + min(budget, num_steps) of
@@ -219,7 +223,7 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
   def body(c):
     step, cache, tok, idx, budget, live, stopped, out_tok, out_lp, count, out_routes = c
     out = forward(params, config, tok[:, None], attention_mask=live[:, None], cache=cache,
-                  moe_state=moe_state, kv_window=width, return_routes=moe)
+                  moe_state=moe_state, kv_window=width, return_routes=moe, lora=lora)
     logits = logits_from_hidden(params, config, out.hidden[:, 0])
     new, lp = sample_tokens(logits, keys, idx, sampling)
     out_tok = out_tok.at[:, step].set(jnp.where(live, new, 0))

@@ -78,7 +78,7 @@ class RolloutManager:
     self._fleet = self._core.fleet
     self._handles: dict[str, Worker] = {}  # worker id -> handle, of the live workers
     self._hooks: list[TickHook] = []
-    self._weights: tuple[Any, Any] | None = None  # being published
+    self._weights: tuple[Any, Any, Any] | None = None  # being published
     for w in workers:
       self.add_worker(w)
 
@@ -122,11 +122,13 @@ class RolloutManager:
     """Queues fresh or partial requests (dispatched at the next round)."""
     self._core.submit(requests, self._clock.now())
 
-  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
+  def publish(self, params: Any, version: int, moe_state: Any = None, base: Any = None) -> None:
     """Publishes `version` to the store; each worker loads it at its next exchange (once the
-    store has committed it) and serves it from then on."""
+    store has committed it) and serves it from then on. With LoRA, `params` are the adapters
+    and `base` the `rollout.weights.BaseWeights` they apply to (the store keeps one copy per
+    base; a worker loads it once, then adapters only)."""
     self._core.publish(version, self._clock.now())
-    self._weights = (params, moe_state)
+    self._weights = (params, moe_state, base)
     try:
       self._apply()
     finally:
@@ -346,8 +348,11 @@ class RolloutManager:
       elif isinstance(effect, Publish):
         if self._weights is None:
           raise RuntimeError(f"weight version {effect.version} has no weights to publish")
-        params, moe_state = self._weights
-        self._store.publish(params, effect.version, moe_state)
+        params, moe_state, base = self._weights
+        if base is None:
+          self._store.publish(params, effect.version, moe_state)
+        else:
+          self._store.publish(params, effect.version, moe_state, base=base)
 
   def _wait(self, seconds: float) -> None:
     outstanding = [self._handles[w] for w in self._core.outstanding() if w in self._handles]

@@ -128,8 +128,9 @@ class WorkerTable:
     return any(ws.synchronous and ws.should_exchange() for ws in self._ws.values())
 
   def observe(self, ws: WorkerState, rep: WorkerReport, now: float) -> bool:
-    """Takes a report's worker state and weight loads; returns whether the worker just became
-    ready (its first version)."""
+    """Takes a report's worker state, weight loads (their seconds and bytes: with LoRA the
+    adapters, plus the base when the worker loaded it with them) and notes; returns whether the
+    worker just became ready (its first version)."""
     first = ws.version < 0 and rep.version >= 0
     ws.observe(rep, now, self._config.profile_window)
     events = self._ledger.events
@@ -140,6 +141,11 @@ class WorkerTable:
       self._load_failures.pop(int(version), None)
       self._ledger.stats.load_seconds.append(seconds)
       events.append((now, "pulled", rep.worker_id, f"v{version} in {seconds:.3f}s"))
+    for version, nbytes in rep.load_bytes:
+      self._ledger.stats.load_bytes += int(nbytes)
+      events.append((now, "load_bytes", rep.worker_id, f"v{version} {int(nbytes)}"))
+    for note in rep.notes:
+      events.append((now, "note", rep.worker_id, note))
     for version, message in rep.failed_loads:
       self.load_failed(ws, int(version), message, now)
     return first

@@ -27,7 +27,8 @@ class ManagerStats:
   tokens those requests carried (decode work not redone), `tokens_discarded` those an ablation
   threw away; `balanced`: requests moved between
   live workers by the balancer or an evacuation; `tokens_local`: tokens from workers on the
-  trainer's devices; `load_seconds`: each completed weight load."""
+  trainer's devices; `load_seconds`: each completed weight load; `load_bytes`: the bytes
+  workers loaded (with LoRA: the adapters, plus the base for a worker that lacked it)."""
   submitted: int = 0
   completed: int = 0
   aborted: int = 0
@@ -41,6 +42,7 @@ class ManagerStats:
   lost: int = 0
   ignored_chunks: int = 0
   ignored_reports: int = 0
+  load_bytes: int = 0
   load_seconds: list = dataclasses.field(default_factory=list)
 
   def counters(self) -> dict[str, int]:

@@ -54,7 +54,8 @@ def ray_client(setup: RolloutSetup, model_config: ModelConfig, engine_config: En
   def factory(worker_id: str):
     return RayWorker(worker_id, model_config, engine_config, num_cpus=setup.worker_cpus,
                      num_gpus=setup.worker_gpus, token_delay=setup.worker_token_delay,
-                     compile_cache=compile_cache, warmup=True)
+                     compile_cache=compile_cache, warmup=True,
+                     base_path=setup.worker_base_path)
 
   schedule, size = None, setup.num_workers
   if setup.preempt_trace:

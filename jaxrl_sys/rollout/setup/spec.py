@@ -52,6 +52,9 @@ class RolloutSetup:
       window in seconds ("0": hand everything to the remote workers at once). With Ray workers
       and offload on, the trainer's devices are also a (local) worker.
     t_seed_init: the controller's first window, seconds (adaptive offload).
+    worker_base_path: LoRA: a Hugging Face directory on every Ray worker's machine holding the
+      base model; a worker reads the base from there when its digest is the trainer's (else
+      it pulls the base from the weight store, once).
   """
   rollout: str = "local"
   num_workers: int = 2
@@ -71,6 +74,7 @@ class RolloutSetup:
   theta: int = 4
   offload: str = "off"
   t_seed_init: float = 2.0
+  worker_base_path: str | None = None
 
   def __post_init__(self):
     if self.rollout not in ROLLOUTS:

@@ -36,9 +36,10 @@ cleanly.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable, NamedTuple, Protocol
 
 
 _log = logging.getLogger(__name__)
@@ -52,15 +53,49 @@ class WeightPublishError(RuntimeError):
   """A background publish failed; the version was never committed (raised by `wait`)."""
 
 
+class BaseWeights(NamedTuple):
+  """The frozen base of a LoRA policy, published beside its adapters (`WeightStore.publish`).
+
+  digest: `models.lora.base_digest` of the trainer's base (in its checkpoint dtype): the name
+    every version of adapters trained on it carries.
+  params: the base as the engines run it (the rollout dtype).
+  """
+  digest: str
+  params: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseRef:
+  """A published LoRA base, as a worker receives it inside a version's ref (`WeightRef.base`):
+  stored once per digest, pulled once by each worker that lacks it.
+
+  Attributes:
+    digest: the base's `models.lora.base_digest`.
+    nbytes: total bytes of its arrays.
+    snapshot: the store's ref of the base's arrays (`snapshot.load()` gives `(base, None)`,
+      verified like any version).
+  """
+  digest: str
+  nbytes: int
+  snapshot: Any
+
+  def load(self) -> Any:
+    """The base's parameters (host or device arrays); raises `CorruptWeightsError`."""
+    return self.snapshot.load()[0]
+
+
 class WeightRef(Protocol):
   """A committed weight version, as a worker receives it.
 
   Attributes:
     version: the weight version.
-    nbytes: total bytes of the arrays.
+    nbytes: total bytes of the arrays (with LoRA: the adapters and MoE state, not the base).
+    base: with LoRA, the `BaseRef` of the base the version's adapters apply to; None for a
+      version of full weights.
   """
   version: int
   nbytes: int
+  base: BaseRef | None
 
   def load(self) -> tuple[Any, Any]:
     """Reads `(params, moe_state)` (host or device arrays); raises `CorruptWeightsError`."""
@@ -69,9 +104,12 @@ class WeightRef(Protocol):
 class WeightStore(Protocol):
   """The trainer's side of the store."""
 
-  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
+  def publish(self, params: Any, version: int, moe_state: Any = None,
+              base: BaseWeights | None = None) -> None:
     """Makes `version` available (the argument order of `RolloutClient.publish`); returns
-    without waiting for slow writes."""
+    without waiting for slow writes. With LoRA, `params` are the adapters and `base` names
+    (and, the first time its digest is seen, provides) the frozen base: the store keeps one
+    copy per digest, committed before the first version that names it."""
 
   def published(self, version: int | None = None) -> WeightRef | None:
     """The reference workers load committed `version` from (default: the newest), or None

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_sys.rollout.weights.base import CorruptWeightsError
+from jaxrl_sys.rollout.weights.base import BaseRef, BaseWeights, CorruptWeightsError
 from jaxrl_sys.rollout.weights.io import (BackgroundPublisher, BackgroundStore, chunk_crcs,
                                           dtype_from_name, host_leaves, verify_leaves)
 
@@ -44,6 +44,8 @@ class RayWeightRef:
     dtypes: per leaf, its dtype name.
     crc32: per leaf, the crc32 of each `weights.CHUNK_BYTES` slice.
     paths: per leaf, its key path (for error messages).
+    base: with LoRA, the `BaseRef` of the base (its snapshot a `RayWeightRef` of
+      `(base, None)`, put once per digest); None for full weights.
   """
   version: int
   nbytes: int
@@ -52,6 +54,7 @@ class RayWeightRef:
   dtypes: tuple[str, ...]
   crc32: tuple[tuple[int, ...], ...]
   paths: tuple[str, ...]
+  base: BaseRef | None = None
 
   def load(self) -> tuple[Any, Any]:
     """`(params, moe_state)` as read-only numpy arrays in shared memory (zero copy on the same
@@ -93,17 +96,42 @@ class RayWeightStore(BackgroundStore):
                          "jaxrl_sys.rollout.workers.ray.init_ray()) before creating it")
     super().__init__()
     self._bg = BackgroundPublisher("ray", max_pending)
+    self._bases: dict[str, BaseRef] = {}  # LoRA bases put so far (written by the publisher)
+    self._base_pending: str | None = None  # the newest base digest accepted for putting
 
-  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
+  def publish(self, params: Any, version: int, moe_state: Any = None,
+              base: BaseWeights | None = None) -> None:
     leaves, treedef = host_leaves(params, moe_state)
-    self._bg.submit(int(version), lambda: self._put(int(version), leaves, treedef))
+    put_base = None
+    if base is not None and base.digest != self._base_pending:
+      # A new base: its host copy now, its put before the version's (one publisher thread).
+      self._base_pending = base.digest
+      b_leaves, b_treedef = host_leaves(base.params, None)
+      put_base = lambda: self._put_base(base.digest, b_leaves, b_treedef)  # noqa: E731
+    digest = None if base is None else base.digest
 
-  def _put(self, version: int, leaves: list[np.ndarray], treedef: Any) -> None:
+    def job():
+      if put_base is not None:
+        put_base()
+      self._put(int(version), leaves, treedef, digest)
+    self._bg.submit(int(version), job)
+
+  def _snapshot(self, version: int, leaves: list[np.ndarray], treedef: Any) -> RayWeightRef:
     import jax  # pylint: disable=import-outside-toplevel
     paths = tuple(jax.tree_util.keystr(p) for p, _ in
                   jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(treedef, leaves))[0])
     crcs = tuple(tuple(c) for c in chunk_crcs(leaves))
     object_ref = import_ray().put([_storable(x) for x in leaves])
-    ref = RayWeightRef(version, sum(x.nbytes for x in leaves), object_ref, treedef,
-                       tuple(x.dtype.name for x in leaves), crcs, paths)
+    return RayWeightRef(version, sum(x.nbytes for x in leaves), object_ref, treedef,
+                        tuple(x.dtype.name for x in leaves), crcs, paths)
+
+  def _put_base(self, digest: str, leaves: list[np.ndarray], treedef: Any) -> None:
+    snapshot = self._snapshot(-1, leaves, treedef)
+    self._bases = {digest: BaseRef(digest, snapshot.nbytes, snapshot)}  # the newest base only
+
+  def _put(self, version: int, leaves: list[np.ndarray], treedef: Any,
+           base: str | None = None) -> None:
+    ref = self._snapshot(version, leaves, treedef)
+    if base is not None:
+      ref = dataclasses.replace(ref, base=self._bases[base])
     self.commit(version, ref)

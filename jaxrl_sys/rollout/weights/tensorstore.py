@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from jaxrl_sys.rollout.weights.base import CorruptWeightsError
+from jaxrl_sys.rollout.weights.base import BaseRef, BaseWeights, CorruptWeightsError
 from jaxrl_sys.rollout.weights import io as weights_io
 from jaxrl_sys.rollout.weights.io import (BackgroundPublisher, BackgroundStore,
                                           bytes_view, check_chunk, decode_tree, encode_tree,
@@ -75,11 +75,16 @@ class TensorstoreWeightRef:
     url: the kvstore URL of the store's root (ends with "/").
     version, nbytes: the version and the total bytes of its arrays.
     manifest_crc32: crc32 of the committed manifest (a replaced manifest is refused).
+    base: with LoRA, the `BaseRef` of the base (its snapshot a `TensorstoreWeightRef` of
+      `(base, None)` under `base/<digest>/`, written once per digest); None for full weights.
+    prefix: the keys' directory (None: `v<version>/`).
   """
   url: str
   version: int
   nbytes: int
   manifest_crc32: int
+  base: BaseRef | None = None
+  prefix: str | None = None
 
   def load(self) -> tuple[Any, Any]:
     """Reads and verifies `(params, moe_state)` as host numpy arrays (bfloat16 via ml_dtypes).
@@ -88,7 +93,8 @@ class TensorstoreWeightRef:
       CorruptWeightsError: manifest or array missing, truncated, or failing its crc32.
     """
     v, where = self.version, self.url
-    raw = _read_key(self.url, f"v{v}/manifest.json")
+    prefix = self.prefix or f"v{v}/"
+    raw = _read_key(self.url, f"{prefix}manifest.json")
     if raw is None:
       raise CorruptWeightsError(f"weight version {v} at {where}: manifest.json is missing "
                                 "(deleted by gc, or never committed)")
@@ -96,8 +102,8 @@ class TensorstoreWeightRef:
       raise CorruptWeightsError(f"weight version {v} at {where}: manifest.json fails its crc32")
     try:
       m = json.loads(raw)
-      arrays = [(a["path"], f"v{v}/{a['key']}", tuple(a["shape"]), dtype_from_name(a["dtype"]),
-                 a["crc32"]) for a in m["arrays"]]
+      arrays = [(a["path"], f"{prefix}{a['key']}", tuple(a["shape"]),
+                 dtype_from_name(a["dtype"]), a["crc32"]) for a in m["arrays"]]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
       raise CorruptWeightsError(f"weight version {v} at {where}: bad manifest ({e})") from e
     local = _local_dir(self.url)
@@ -107,6 +113,16 @@ class TensorstoreWeightRef:
       return decode_tree(m["tree"], leaves)
     except (ValueError, KeyError, TypeError, IndexError, ImportError, AttributeError) as e:
       raise CorruptWeightsError(f"weight version {v} at {where}: bad tree in manifest ({e})") from e
+
+
+def _host_tree(params: Any, moe_state: Any) -> tuple[list[np.ndarray], Any, list[str]]:
+  """(host leaves, JSON tree, leaf paths) of `(params, moe_state)`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  leaves, treedef = host_leaves(params, moe_state)
+  tree = encode_tree(jax.tree.unflatten(treedef, list(range(len(leaves)))))
+  paths = [jax.tree_util.keystr(p) for p, _ in
+           jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(treedef, leaves))[0]]
+  return leaves, tree, paths
 
 
 def _size_error(v: int, where: str, path: str, got: int, want: int) -> CorruptWeightsError:
@@ -169,13 +185,25 @@ def _read_kvstore(kv, arrays, v: int, where: str) -> list[np.ndarray]:
   return leaves
 
 
+def _base_ref(url: str, entry: dict | None) -> BaseRef | None:
+  """The `BaseRef` a manifest or LATEST pointer names (`{"digest", "nbytes",
+  "manifest_crc32"}`), or None."""
+  if entry is None:
+    return None
+  digest, nbytes = str(entry["digest"]), int(entry["nbytes"])
+  snapshot = TensorstoreWeightRef(url, -1, nbytes, int(entry["manifest_crc32"]),
+                                  prefix=f"base/{digest}/")
+  return BaseRef(digest, nbytes, snapshot)
+
+
 def _read_latest(url: str) -> TensorstoreWeightRef | None:
   raw = _read_key(url, "LATEST")
   if raw is None:
     return None
   try:
     p = json.loads(raw)
-    return TensorstoreWeightRef(url, int(p["version"]), int(p["nbytes"]), int(p["manifest_crc32"]))
+    return TensorstoreWeightRef(url, int(p["version"]), int(p["nbytes"]), int(p["manifest_crc32"]),
+                                _base_ref(url, p.get("base")))
   except (ValueError, KeyError, TypeError) as e:
     raise CorruptWeightsError(f"{url}LATEST is not a weight pointer ({e}): {raw[:80]!r}") from e
 
@@ -217,21 +245,62 @@ class TensorstoreWeightStore(BackgroundStore):
     self._orphans = set(dirs) - set(self._refs)
     self._bg = BackgroundPublisher(self.url, max_pending)
     self._bg.last = top
+    # LoRA bases written so far (digest -> manifest entry), found again when reopened.
+    self._bases: dict[str, dict] = {}
+    for key in self._kv.list().result():
+      hit = re.fullmatch(r"base/([0-9a-f]+)/manifest\.json", key.decode())
+      if hit:
+        raw = _read_key(self.url, key.decode())
+        self._bases[hit.group(1)] = {"digest": hit.group(1),
+                                     "nbytes": int(json.loads(raw)["nbytes"]),
+                                     "manifest_crc32": zlib.crc32(raw)}
+    self._base_pending = set(self._bases)
 
-  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
-    import jax  # pylint: disable=import-outside-toplevel
-    leaves, treedef = host_leaves(params, moe_state)
-    tree = encode_tree(jax.tree.unflatten(treedef, list(range(len(leaves)))))
-    paths = [jax.tree_util.keystr(p) for p, _ in
-             jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(treedef, leaves))[0]]
-    self._bg.submit(int(version), lambda: self._write(int(version), leaves, tree, paths))
+  def publish(self, params: Any, version: int, moe_state: Any = None,
+              base: BaseWeights | None = None) -> None:
+    leaves, tree, paths = _host_tree(params, moe_state)
+    write_base = None
+    if base is not None and base.digest not in self._base_pending:
+      # A new base: its host copy now, written before the version (one publisher thread).
+      self._base_pending.add(base.digest)
+      b = _host_tree(base.params, None)
+      write_base = lambda: self._write_base(base.digest, *b)  # noqa: E731
+    digest = None if base is None else base.digest
+
+    def job():
+      if write_base is not None:
+        write_base()
+      self._write(int(version), leaves, tree, paths, digest)
+    self._bg.submit(int(version), job)
 
   def _put(self, key: str, value: bytes):
     """One kvstore write (a future); tests replace it to simulate a crash."""
     return self._kv.write(key, value)
 
-  def _write(self, v: int, leaves: list[np.ndarray], tree: Any, paths: list[str]) -> None:
-    self._kv.delete_range(_prefix_range(f"v{v}/")).result()  # leftovers of a crashed attempt
+  def _write_base(self, digest: str, leaves: list[np.ndarray], tree: Any,
+                  paths: list[str]) -> None:
+    """Writes a LoRA base under `base/<digest>/` (arrays, then its manifest: committed)."""
+    nbytes, crc = self._write_tree(f"base/{digest}/", -1, leaves, tree, paths)
+    with self._lock:
+      self._bases[digest] = {"digest": digest, "nbytes": nbytes, "manifest_crc32": crc}
+
+  def _write(self, v: int, leaves: list[np.ndarray], tree: Any, paths: list[str],
+             base: str | None = None) -> None:
+    entry = None if base is None else self._bases[base]
+    nbytes, crc = self._write_tree(f"v{v}/", v, leaves, tree, paths, entry)
+    ref = TensorstoreWeightRef(self.url, v, nbytes, crc, _base_ref(self.url, entry))
+    latest = {"version": v, "nbytes": nbytes, "manifest_crc32": crc}
+    if entry is not None:
+      latest["base"] = entry
+    self._put("LATEST", json.dumps(latest).encode()).result()
+    with self._lock:
+      self._refs[v] = ref
+      self._orphans.discard(v)
+
+  def _write_tree(self, prefix: str, v: int, leaves: list[np.ndarray], tree: Any,
+                  paths: list[str], base: dict | None = None) -> tuple[int, int]:
+    """Writes the arrays under `prefix`, then their manifest; returns (bytes, manifest crc32)."""
+    self._kv.delete_range(_prefix_range(prefix)).result()  # leftovers of a crashed attempt
     arrays, inflight = [], []
     try:
       for i, (x, path) in enumerate(zip(leaves, paths)):
@@ -239,7 +308,7 @@ class TensorstoreWeightStore(BackgroundStore):
                 for o in range(0, x.nbytes, weights_io.CHUNK_BYTES)]
         arrays.append({"key": f"a{i}", "path": path, "shape": list(x.shape),
                        "dtype": x.dtype.name, "nbytes": x.nbytes, "crc32": crcs})
-        inflight.append((self._put(f"v{v}/a{i}", x.tobytes()), x.nbytes))
+        inflight.append((self._put(f"{prefix}a{i}", x.tobytes()), x.nbytes))
         while sum(n for _, n in inflight) > 256 << 20:  # bound the bytes copies in flight
           inflight.pop(0)[0].result()
       for f, _ in inflight:
@@ -249,16 +318,14 @@ class TensorstoreWeightStore(BackgroundStore):
         f.exception()
       raise
     nbytes = sum(x.nbytes for x in leaves)
-    manifest = json.dumps({"format": "jaxrl_sys.weights/1", "version": v, "nbytes": nbytes,
-                           "checksum": "crc32", "chunk_bytes": weights_io.CHUNK_BYTES, "tree": tree,
-                           "arrays": arrays}).encode()
-    self._put(f"v{v}/manifest.json", manifest).result()
-    ref = TensorstoreWeightRef(self.url, v, nbytes, zlib.crc32(manifest))
-    self._put("LATEST", json.dumps({"version": v, "nbytes": nbytes,
-                                    "manifest_crc32": ref.manifest_crc32}).encode()).result()
-    with self._lock:
-      self._refs[v] = ref
-      self._orphans.discard(v)
+    body = {"format": "jaxrl_sys.weights/1", "version": v, "nbytes": nbytes,
+            "checksum": "crc32", "chunk_bytes": weights_io.CHUNK_BYTES, "tree": tree,
+            "arrays": arrays}
+    if base is not None:
+      body["base"] = base
+    manifest = json.dumps(body).encode()
+    self._put(f"{prefix}manifest.json", manifest).result()
+    return nbytes, zlib.crc32(manifest)
 
   def published(self, version: int | None = None) -> TensorstoreWeightRef | None:
     with self._lock:
@@ -271,8 +338,9 @@ class TensorstoreWeightStore(BackgroundStore):
       raw = _read_key(self.url, f"v{version}/manifest.json")
       if raw is None:
         return None
-      ref = TensorstoreWeightRef(self.url, version, int(json.loads(raw)["nbytes"]),
-                                 zlib.crc32(raw))
+      m = json.loads(raw)
+      ref = TensorstoreWeightRef(self.url, version, int(m["nbytes"]), zlib.crc32(raw),
+                                 _base_ref(self.url, m.get("base")))
       with self._lock:
         if version in self._refs:
           self._refs[version] = ref

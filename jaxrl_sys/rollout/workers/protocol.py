@@ -71,6 +71,9 @@ class WorkerReport:
     pid: the worker's process id.
     fatal: set when the worker broke (an exception in its generation loop); the manager treats
       it as lost and migrates its requests.
+    load_bytes: `(version, bytes)` of the weight loads since the previous report: the
+      version's arrays, plus with LoRA the base's when the worker loaded it with them.
+    notes: remarks for the log (e.g. a local LoRA base that was not the trainer's).
   """
   worker_id: str
   seq: int
@@ -86,6 +89,8 @@ class WorkerReport:
   rejected: list[tuple[int, str]] = dataclasses.field(default_factory=list)
   pid: int = 0
   fatal: str | None = None
+  load_bytes: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+  notes: list[str] = dataclasses.field(default_factory=list)
 
 
 class Worker(Protocol):

@@ -117,6 +117,8 @@ def _merge(into: WorkerReport | None, rep: WorkerReport) -> WorkerReport:
   rep.loads = into.loads + rep.loads
   rep.failed_loads = into.failed_loads + rep.failed_loads
   rep.rejected = into.rejected + rep.rejected
+  rep.load_bytes = into.load_bytes + rep.load_bytes
+  rep.notes = into.notes + rep.notes
   return rep
 
 
@@ -125,14 +127,14 @@ class WorkerActor:
 
   def __init__(self, worker_id: str, model_config: ModelConfig, engine_config: EngineConfig,
                warmup: bool | str = False, token_delay: float = 0.0,
-               compile_cache: str | None = None):
+               compile_cache: str | None = None, base_path: str | None = None):
     if compile_cache:
       import jax  # pylint: disable=import-outside-toplevel
       jax.config.update("jax_compilation_cache_dir", compile_cache)
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
       jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     self.server = WorkerServer(worker_id, model_config, engine_config, warmup=warmup,
-                               token_delay=token_delay)
+                               token_delay=token_delay, base_path=base_path)
     self._inbox: queue.Queue[Commands] = queue.Queue()
     self._loaded: queue.Queue[tuple[int, Any, Any, float, BaseException | None]] = queue.Queue()
     self._news = threading.Condition()
@@ -252,19 +254,23 @@ class RayWorker:
       test and benchmark load balancing and the offload controller).
     compile_cache: JAX persistent compilation cache directory for the actor.
     max_wait: seconds an exchange waits in the actor for news (the long poll).
+    base_path: LoRA: a Hugging Face directory on the actor's machine holding the base model;
+      when its digest is the trainer's, the actor reads the base from there instead of pulling
+      it from the weight store (None: load it from the store, once).
   """
   synchronous = False
 
   def __init__(self, worker_id: str, model_config: ModelConfig, engine_config: EngineConfig, *,
                local: bool = False, num_cpus: float = 1.0, num_gpus: float = 0.0,
                resources: dict | None = None, warmup: bool | str = False, token_delay: float = 0.0,
-               compile_cache: str | None = None, max_wait: float = 0.05):
+               compile_cache: str | None = None, max_wait: float = 0.05,
+               base_path: str | None = None):
     self.worker_id, self.local, self.max_wait = worker_id, local, max_wait
     env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     cls = _actor_class()
     self.actor = cls.options(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or {},
                              runtime_env={"env_vars": env}).remote(
-        worker_id, model_config, engine_config, warmup, token_delay, compile_cache)
+        worker_id, model_config, engine_config, warmup, token_delay, compile_cache, base_path)
     self._ref = None
     self._pid: int | None = None
     self.killed = False

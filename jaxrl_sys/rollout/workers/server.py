@@ -9,14 +9,17 @@ thread of another process.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 
 from jaxrl_sys.models.config import ModelConfig
 from jaxrl_sys.rollout.clock import Clock
-from jaxrl_sys.rollout.engine.check import check_weights
+from jaxrl_sys.models import lora as lora_lib
+from jaxrl_sys.rollout.engine.check import WeightMismatchError, check_weights
 from jaxrl_sys.rollout.engine.config import EngineConfig
 from jaxrl_sys.rollout.engine.engine import Engine
 from jaxrl_sys.rollout.types import FinishReason, Request, TokenChunk
@@ -25,6 +28,13 @@ from jaxrl_sys.rollout.workers.protocol import Commands, WorkerLost, WorkerRepor
 
 def _profile(rows: list[tuple[int, int, float]]) -> np.ndarray:
   return np.asarray(rows, np.float64).reshape(-1, 3)
+
+
+def _local_base(path: str) -> Any:
+  """A LoRA base from a local Hugging Face directory, in its checkpoint's dtype (what the
+  trainer's base digest is computed on)."""
+  from jaxrl_sys.models.hf.checkpoint import load_hf_checkpoint  # pylint: disable=import-outside-toplevel
+  return load_hf_checkpoint(path, dtype=None)[1]
 
 
 class WorkerServer:
@@ -55,8 +65,16 @@ class WorkerServer:
   """
 
   def __init__(self, worker_id: str, model_config: ModelConfig, engine_config: EngineConfig,
-               warmup: bool | str = False, token_delay: float = 0.0):
+               warmup: bool | str = False, token_delay: float = 0.0,
+               base_path: str | None = None):
     self.worker_id, self.model_config, self.engine_config = worker_id, model_config, engine_config
+    # LoRA: the base this worker holds (digest, arrays in the rollout dtype), loaded once (or
+    # read from `base_path`, a local Hugging Face directory) and kept across versions.
+    self.base_path = base_path
+    self._base: tuple[str, Any] | None = None
+    self._engine_base: str | None = None
+    self._bytes_lock, self._base_lock = threading.Lock(), threading.Lock()
+    self._load_bytes: list[tuple[int, int]] = []
     self.token_delay = float(token_delay)
     self.on_progress: Callable[[], None] | None = None
     self.engine: Engine | None = None
@@ -70,6 +88,7 @@ class WorkerServer:
     self._loads: list[tuple[int, float]] = []
     self._failed_loads: list[tuple[int, str]] = []
     self._rejected: list[tuple[int, str]] = []
+    self._notes: list[str] = []
     self.loading = -1
     self.stopped = False
 
@@ -113,25 +132,84 @@ class WorkerServer:
                                      np.zeros((0,), np.float32), self.version,
                                      FinishReason.ABORTED))
 
+  @property
+  def base_digest(self) -> str | None:
+    """The digest of the LoRA base this worker holds (None: none yet, or no LoRA)."""
+    return None if self._base is None else self._base[0]
+
   def load(self, ref: Any) -> tuple[Any, Any]:
     """Loads a weight version (`ref.load()`, which verifies its checksums) and checks it fits
     the model; raises `CorruptWeightsError` / `WeightMismatchError` (the caller reports a
-    failed load and keeps serving its previous version)."""
+    failed load and keeps serving its previous version). A LoRA version's adapters come with
+    the name of their base (`ref.base`): a worker without that base reads it from `base_path`
+    when that holds it, or loads it from the store, once; then only adapters. The bytes loaded
+    go into the next report (`WorkerReport.load_bytes`)."""
+    version = int(ref.version)
+    base_ref = getattr(ref, "base", None)
+    lora = self.model_config.lora
+    if (lora is None) != (base_ref is None):
+      raise WeightMismatchError(
+          f"weight version {version} holds " + ("full weights" if base_ref is None else
+                                                f"LoRA adapters (base {base_ref.digest})") +
+          f" but worker {self.worker_id} runs " + ("a LoRA model" if lora is not None else
+                                                   "a model without LoRA") +
+          ": start the workers with the trainer's model config (--lora.* settings)")
+    nbytes = int(ref.nbytes)
+    if base_ref is not None and base_ref.digest != self.base_digest:
+      with self._base_lock:  # concurrent loads (Ray's load threads) read the base once
+        if base_ref.digest != self.base_digest:
+          nbytes += self._load_base(base_ref, version)
     params, moe_state = ref.load()
-    check_weights(self.model_config, params, int(ref.version))
+    if lora is None:
+      check_weights(self.model_config, params, version)
+    else:
+      try:
+        lora_lib.check_lora(self.model_config, params)
+      except ValueError as e:
+        raise WeightMismatchError(f"weight version {version}: {e}") from None
+    with self._bytes_lock:
+      self._load_bytes.append((version, nbytes))
     return params, moe_state
+
+  def _load_base(self, base_ref: Any, version: int) -> int:
+    """Gets the base `base_ref` names: from `base_path` when its digest matches (0 bytes
+    loaded from the store), else from the store; returns the bytes loaded from the store."""
+    base_config = lora_lib.without_lora(self.model_config)
+    if self.base_path is not None:
+      try:
+        local = _local_base(self.base_path)
+        digest = lora_lib.base_digest(local)
+      except (OSError, ValueError) as e:
+        digest, why = None, f"cannot be read ({type(e).__name__}: {e})"
+      else:
+        why = f"has digest {digest}, not the trainer's {base_ref.digest}"
+      if digest == base_ref.digest:
+        dtype = self.model_config.pdtype
+        self._base = (digest, jax.tree.map(lambda x: x.astype(dtype), local))
+        return 0
+      self._notes.append(f"the local base {self.base_path} {why}: loaded the base from the "
+                         "store")
+    base = base_ref.load()
+    check_weights(base_config, base, version)
+    self._base = (base_ref.digest, base)
+    return int(base_ref.nbytes)
 
   def loaded(self, version: int, params: Any, moe_state: Any, seconds: float) -> None:
     """The load of `version` finished (in `seconds`): serves it from now on (creates the
-    engine on the first call)."""
+    engine on the first call; with LoRA the engine gets the base when it is new to it)."""
+    base = None
+    if self.model_config.lora is not None:
+      digest, arrays = self._base
+      if digest != self._engine_base:
+        base, self._engine_base = arrays, digest
     if self.engine is None:
       engine = Engine(self.model_config, params, self.engine_config, version=version,
-                      moe_state=moe_state)
+                      moe_state=moe_state, base=base)
       if self._warmup is True:
         engine.warmup()  # before the engine is visible: the worker reports a version only then
       self.engine = engine
     elif version > self.engine.version:
-      self.engine.load(params, version, moe_state)
+      self.engine.load(params, version, moe_state, base)
     self._loads.append((int(version), float(seconds)))
     if self.loading == version:
       self.loading = -1
@@ -204,7 +282,8 @@ class WorkerServer:
         self.on_progress()
 
   def has_news(self) -> bool:
-    return bool(self._chunks or self._loads or self._failed_loads or self._rejected)
+    return bool(self._chunks or self._loads or self._failed_loads or self._rejected
+                or self._notes)
 
   def report(self) -> WorkerReport:
     e = self.engine
@@ -213,6 +292,9 @@ class WorkerServer:
     rep = WorkerReport(self.worker_id, self._seq, self._chunks, self.version, self.loading,
                        running, waiting, self.engine_config.num_slots, _profile(self._profile),
                        self._loads, self._failed_loads, self._rejected, os.getpid())
+    with self._bytes_lock:
+      rep.load_bytes, self._load_bytes = self._load_bytes, []
+    rep.notes, self._notes = self._notes, []
     self._seq += 1
     self._chunks, self._profile, self._loads, self._rejected = [], [], [], []
     self._failed_loads = []

@@ -2,7 +2,9 @@
 
 One checkpoint step holds two items:
   state: the `TrainState` leaves (params, optimizer, reference copy, MoE balancing state, rng,
-    step), written by `StandardSave` (asynchronously by default);
+    step), written by `StandardSave` (asynchronously by default); with LoRA the params are the
+    adapters, and the frozen base is not written (it never changes): the metadata records its
+    digest (`models.lora.base_digest`) and a restore onto another base is refused;
   meta: JSON: the step, a fingerprint of every state leaf, and the loop's host state (data
     position, admission counters, the serialised rollout buffer: plain arrays + JSON).
 
@@ -80,8 +82,9 @@ def quiet_asyncio():
 
 
 def state_to_dict(state: TrainState) -> dict:
-  """The state as a dict without its None fields (orbax writes no empty items)."""
-  return {k: v for k, v in state._asdict().items() if v is not None}
+  """The state as a dict without its None fields (orbax writes no empty items) and without
+  the LoRA base (never checkpointed)."""
+  return {k: v for k, v in state._asdict().items() if v is not None and k != "base"}
 
 
 def state_from_dict(d: dict) -> TrainState:
@@ -95,6 +98,9 @@ class Checkpointer:
     if config.directory is None:
       raise ValueError("Checkpointer needs CheckpointConfig.directory")
     self.config = config
+    # With LoRA: the digest of the run's frozen base, recorded by `save` and compared by
+    # `restore` (set by the loop once the base is known).
+    self.base_digest: str | None = None
     self.directory = os.path.abspath(config.directory)
     os.makedirs(self.directory, exist_ok=True)
     self._mngr = self._open()
@@ -127,6 +133,8 @@ class Checkpointer:
       return False
     meta = {"format": 1, "step": step, "host": host, "saved_at": time.time(),
             "identity": self.config.identity, "layout": state_layout(state_to_dict(state))}
+    if self.base_digest is not None:
+      meta["lora_base"] = self.base_digest
     if self.config.checksum:
       meta["fingerprint"] = fingerprint(state_to_dict(state))
     args = ocp.args.Composite(state=ocp.args.StandardSave(state_to_dict(state)),
@@ -151,7 +159,7 @@ class Checkpointer:
   def _restore_step(self, step: int, target: TrainState) -> Restored:
     meta = self._read_meta(step)
     check_compatible(step, self.directory, meta, self.config.identity,
-                     state_layout(state_to_dict(target)))
+                     state_layout(state_to_dict(target)), self.base_digest)
     args = ocp.args.Composite(state=ocp.args.StandardRestore(state_to_dict(target)))
     state = state_from_dict(dict(self._mngr.restore(step, args=args)["state"]))
     expected = meta.get("fingerprint")
@@ -164,7 +172,8 @@ class Checkpointer:
 
     Args:
       target: `TrainState` of ShapeDtypeStructs with shardings (`state.with_shardings`); its
-        None fields (no reference copy / dense model) must match the saved state.
+        None fields (no reference copy / dense model) must match the saved state; its `base`
+        is ignored (the restored state's is None: the caller attaches the base).
       step: a specific step (no fallback); default: latest, falling back to older ones.
 
     Returns:

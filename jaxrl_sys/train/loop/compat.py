@@ -59,7 +59,8 @@ def layout_differences(saved: Mapping[str, list], current: Mapping[str, list],
 
 
 def check_compatible(step: int, directory: str, meta: Mapping[str, Any],
-                     identity: Mapping[str, Any] | None, layout: Mapping[str, list]) -> None:
+                     identity: Mapping[str, Any] | None, layout: Mapping[str, list],
+                     base_digest: str | None = None) -> None:
   """Raises `CheckpointMismatchError` when checkpoint `step`'s metadata does not fit this run.
 
   Args:
@@ -67,7 +68,18 @@ def check_compatible(step: int, directory: str, meta: Mapping[str, Any],
     meta: the checkpoint's metadata (may lack "identity" / "layout": older checkpoints).
     identity: this run's identity fields (None: not compared).
     layout: `state_layout` of this run's restore target.
+    base_digest: with LoRA, `models.lora.base_digest` of this run's frozen base; the
+      checkpoint's adapters (meta "lora_base") were trained on one base and are refused on
+      another.
   """
+  saved_base = meta.get("lora_base")
+  if base_digest is not None and saved_base is not None and saved_base != base_digest:
+    raise CheckpointMismatchError(
+        f"the checkpoint at step {step} in {directory} holds LoRA adapters trained on another "
+        f"base model (base digest {saved_base}; this run's base is {base_digest}): adapters "
+        "are only meaningful on the base they were trained on. Resume with the same --model "
+        "(the same weights), or start a new run in another --checkpoint_dir / --out_dir (the "
+        "checkpoints were left untouched).")
   diffs = []
   if identity is not None and meta.get("identity") is not None:
     diffs += identity_differences(meta["identity"], identity)

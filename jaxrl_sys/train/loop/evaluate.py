@@ -12,7 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_sys.models import lora
 from jaxrl_sys.rollout.types import RolloutSession
+from jaxrl_sys.rollout.weights import BaseWeights
 from jaxrl_sys.tasks import score_completions
 from jaxrl_sys.train.loop.groups import group_requests
 from jaxrl_sys.train.loop.plan import RunPlan
@@ -22,7 +24,7 @@ _EVAL_GROUP_OFFSET = 1 << 24  # request ids far from the training ones (keys dif
 
 def evaluate(client: RolloutSession, params: Any, task, tokenizer, indices: Sequence[int], *,
              plan: RunPlan, samples: int | None = None, seed: int = 0, moe_state: Any = None,
-             version: int = 0) -> float:
+             version: int = 0, base: Any = None) -> float:
   """Mean reward over `samples` completions of each problem in `indices`.
 
   Args:
@@ -36,13 +38,20 @@ def evaluate(client: RolloutSession, params: Any, task, tokenizer, indices: Sequ
     moe_state: the policy's MoE balancing state (MoE models; None = zeros).
     version: the weight version published to the client (each call on one session needs a
       newer one).
+    base: with LoRA, the frozen base `params` (the adapters) apply to: its arrays or a
+      `rollout.weights.BaseWeights` (published once per session: the store keeps one copy).
 
   Returns:
     The mean reward in [0, 1].
   """
   params = jax.tree.map(jnp.copy, params)
   moe_state = None if moe_state is None else jax.tree.map(jnp.copy, moe_state)
-  client.publish(params, version, moe_state)
+  if base is None:
+    client.publish(params, version, moe_state)
+  else:
+    if not isinstance(base, BaseWeights):  # the frozen base: named, never copied
+      base = BaseWeights(lora.base_digest(base), base)
+    client.publish(params, version, moe_state, base=base)
   loop = plan.loop
   samples = plan.eval_samples if samples is None else samples
   indices = [int(i) for i in indices]

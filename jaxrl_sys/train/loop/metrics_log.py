@@ -319,6 +319,7 @@ def rollout_metrics(before: dict, after: dict) -> dict:
   n_pulls = after.get("pulls", 0) - before.get("pulls", 0)
   if n_pulls:
     out["weight_pulls"] = n_pulls
+    out["weight_pull_bytes"] = after.get("load_bytes", 0) - before.get("load_bytes", 0)
     out["weight_pull_s_mean"] = (after["pull_seconds"] - before.get("pull_seconds", 0.0)) / n_pulls
   for key in ("live_workers", "version_lag"):
     if key in after:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from jaxrl_sys.models import lora
 from jaxrl_sys.rollout.types import RolloutSession
+from jaxrl_sys.rollout.weights import BaseWeights
 from jaxrl_sys.train.loop.evaluate import evaluate
 from jaxrl_sys.train.loop.plan import RunPlan
 
@@ -39,6 +41,7 @@ class PeriodicEval:
     self.client, self.task, self.tok, self.plan = client, task, tokenizer, plan
     self.indices = [int(i) for i in indices]
     self.every, self.seed, self.progress = every, seed, progress
+    self._base = None
 
   def due(self, step: int) -> bool:
     return bool(self.every) and (step % self.every == 0 or step == self.plan.loop.steps)
@@ -48,6 +51,11 @@ class PeriodicEval:
       return
     if self.progress is not None:
       self.progress.phase(f"evaluating ({len(self.indices)} prompts)")
+    base = None
+    if state.base is not None:  # LoRA: the adapters on the frozen base, named once
+      if self._base is None or self._base.params is not state.base:
+        self._base = BaseWeights(lora.base_digest(state.base), state.base)
+      base = self._base
     row["eval_reward"] = evaluate(self.client, state.params, self.task, self.tok, self.indices,
                                   plan=self.plan, seed=self.seed, moe_state=state.moe_state,
-                                  version=step)
+                                  version=step, base=base)

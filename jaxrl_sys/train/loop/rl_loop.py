@@ -43,8 +43,10 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import jax
 import jax.numpy as jnp
 
+from jaxrl_sys.models import init_params, lora
 from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.types import RolloutSession
+from jaxrl_sys.rollout.weights import BaseWeights
 from jaxrl_sys.rollout.wire import request_to_json
 from jaxrl_sys.train.multihost import collectives as multihost
 from jaxrl_sys.train.loop.buffer import RolloutBuffer
@@ -61,8 +63,8 @@ from jaxrl_sys.train.loop.process_group import ProcessGroup
 from jaxrl_sys.train.loop.stop_signals import StopSignals
 from jaxrl_sys.train.precision import rollout_weights
 from jaxrl_sys.train.step.programs import TrainPrograms
-from jaxrl_sys.train.step.state import (TrainState, init_train_state, state_shardings,
-                                        with_shardings)
+from jaxrl_sys.train.step.state import (TrainState, init_train_state, place_base,
+                                        state_shardings, with_shardings)
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +124,9 @@ class RLLoop:
     task, tokenizer: the verifiable task (`tasks.Task`) and its tokenizer
       (`tasks.base.Tokenizer`).
     init_params: callable returning the initial parameters (called only for a fresh run, so a
-      resumed run skips e.g. a supervised warm-up); None = random init from the seed.
+      resumed run skips e.g. a supervised warm-up); None = random init from the seed. With
+      LoRA (`plan.train_model.lora`) it returns the frozen base and is called on resume too
+      (the base is not checkpointed: a checkpoint records its digest and refuses another base).
     checkpoint: checkpoint config (directory None = no checkpoints).
     resume: restore the newest usable checkpoint when there is one.
     out_dir: metrics (JSONL, TensorBoard) directory, or None.
@@ -145,6 +149,8 @@ class RLLoop:
     self.optimizer, self.schedule, self.abstract, self.fns = programs
     self.mesh, self.rules = self.fns.mesh, self.fns.rules
     self._init_params = init_params
+    self.base_digest: str | None = None  # LoRA: `models.lora.base_digest` of the frozen base
+    self._base_weights = None
     self.clock = clock
     self._last_progress = 0.0
     self.ckpt = Checkpointer(checkpoint) if checkpoint.directory else None
@@ -175,7 +181,22 @@ class RLLoop:
     """Asks the loop to stop after the current step (what the SIGTERM handler does)."""
     self.signals.stop.set()
 
+  def _lora_base(self) -> Any:
+    """LoRA: the frozen base (from `init_params`, fresh or resumed run) placed on the mesh in
+    its own dtype; records its digest for the checkpoints and the rollout."""
+    base = None if self._init_params is None else self._init_params()
+    model = self.plan.train_model
+    if base is None:
+      base = init_params(lora.without_lora(model),
+                         jax.random.fold_in(jax.random.PRNGKey(self.lc.seed), 1))
+    base = place_base(base, model, self.mesh, self.rules)
+    self.base_digest = lora.base_digest(base)
+    if self.ckpt is not None:
+      self.ckpt.base_digest = self.base_digest
+    return base
+
   def _start(self) -> tuple[TrainState, dict, int | None]:
+    base = self._lora_base() if self.plan.train_model.lora is not None else None
     if self.resume and self.ckpt is not None:
       target = with_shardings(self.abstract, state_shardings(
           self.abstract, self.plan.train_model, self.optimizer, self.mesh, self.rules))
@@ -201,7 +222,7 @@ class RLLoop:
         for note in got.skipped:
           self.progress.message(f"warning: {note}")
         self.progress.message(f"resumed from step {got.step} ({self.ckpt.directory})")
-        return got.state, host, got.step
+        return got.state._replace(base=base), host, got.step
       self.progress.message(f"nothing to resume: {self.ckpt.directory} holds no checkpoint; "
                             "starting a fresh run")
     elif self.resume:
@@ -210,7 +231,10 @@ class RLLoop:
       raise ValueError(
           f"checkpoint directory {self.ckpt.directory} already holds checkpoints (steps "
           f"{self.ckpt.all_steps()}); resume from them (--resume) or use another directory")
-    params = None if self._init_params is None else self._init_params()
+    if base is not None:
+      params = base
+    else:
+      params = None if self._init_params is None else self._init_params()
     state = init_train_state(self.plan.train_model, self.plan.train, self.optimizer,
                              mesh=self.mesh, seed=self.lc.seed, params=params, rules=self.rules)
     return state, {"next_prompt": 0, "accepted": 0}, None
@@ -317,11 +341,12 @@ class RLLoop:
           while client.num_pending():  # finish the next batch on the weights that started it
             t_roll += poll()
         step += 1
-        self._publish(state, step)
+        published = self._publish(state, step)
         self._boundary(buffer, step)
         row = step_row(metrics, stats, version=step - 1, t_roll=t_roll, t_train=t_train,
                        t_step=self.clock.now() - t_step, devices=self.mesh.devices.size,
                        flops_per_token=self.flops_per_token, next_prompt=self.next_prompt)
+        row["publish_bytes"] = published
         now_counters = dict(client.metrics())
         row.update(rollout_metrics(counters, now_counters))
         counters = now_counters
@@ -352,12 +377,34 @@ class RLLoop:
       self._close()  # waits for the checkpoint save in flight (also on a second SIGINT)
     return RunResult(state, history, preempted, resumed, self.signals.name)
 
-  def _publish(self, state: TrainState, version: int) -> None:
+  def _publish(self, state: TrainState, version: int) -> int:
     """Publishes the parameters in the rollout dtype and the MoE state as `version` (several
-    processes: this process's local view of both, for its own engine)."""
+    processes: this process's local view of both, for its own engine); with LoRA the adapters,
+    naming the base (`_rollout_base`). Returns the bytes of the version (the base excluded)."""
     params, moe = _weights(state, self.plan.precision.rollout_dtype,
                            self.mesh if self.multi else None)
-    self.client.publish(params, version, moe)
+    base = self._rollout_base(state)
+    if base is None:
+      self.client.publish(params, version, moe)
+    else:
+      self.client.publish(params, version, moe, base=base)
+    return lora.nbytes((params, moe))
+
+  def _rollout_base(self, state: TrainState) -> BaseWeights | None:
+    """LoRA: the base as published to the engines (the rollout dtype; cast once per run)."""
+    if state.base is None:
+      return None
+    if self._base_weights is None or self._base_weights[0] is not state.base:
+      arrays = rollout_weights(state.base, self.plan.precision.rollout_dtype)
+      if self.multi:
+        arrays = multihost.localize(arrays, self.mesh)
+      self._base_weights = (state.base, BaseWeights(self.base_digest, arrays))
+      adapters, base_bytes = lora.nbytes(state.params), lora.nbytes(state.base)
+      self.progress.message(
+          f"LoRA: base {self.base_digest} ({lora.nbytes(arrays) / 2**20:.1f} MiB) published "
+          f"once; adapters {adapters / 2**20:.2f} MiB of float32 masters, "
+          f"{adapters / max(base_bytes, 1):.2%} of the base's bytes")
+    return self._base_weights[1]
 
   def _close(self) -> None:
     self.logger.close()

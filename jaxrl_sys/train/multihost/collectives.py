@@ -110,8 +110,8 @@ def local_hook(hook, mesh: jax.sharding.Mesh):
   parameters and MoE state on this process's devices (`localize`), so it may run its own
   engine; every process calls it."""
   def call(step, state, row):
-    params, moe = localize((state.params, state.moe_state), mesh)
-    return hook(step, state._replace(params=params, moe_state=moe), row)
+    params, moe, base = localize((state.params, state.moe_state, state.base), mesh)
+    return hook(step, state._replace(params=params, moe_state=moe, base=base), row)
   return call
 
 

@@ -30,6 +30,7 @@ import jax
 
 from jaxrl_sys import backend
 from jaxrl_sys.agents.config import AgentConfig
+from jaxrl_sys.models import lora
 from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.setup.factory import make_client
 from jaxrl_sys.rollout.setup.spec import ClientOptions, RolloutSetup
@@ -66,7 +67,8 @@ IDENTITY = {
     "kl_coef": "train.kl_coef", "seed": "loop.seed", "chat_template": "model.chat_template",
     "oversample": "loop.oversample", "skip_nonfinite": "optim.skip_nonfinite",
     "param_dtype": "precision.param_dtype", "compute_dtype": "precision.compute_dtype",
-    "rollout_dtype": "precision.rollout_dtype", "behav_weight_cap": "train.behav_weight_cap"}
+    "rollout_dtype": "precision.rollout_dtype", "behav_weight_cap": "train.behav_weight_cap",
+    **{f"lora.{k}": f"lora.{k}" for k in ("rank", "alpha", "targets", "dropout")}}
 
 
 def parse_task_args(text: str) -> dict[str, Any]:
@@ -178,10 +180,12 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   rc = dataclasses.replace(rc, precision=precision)
   limits.check_fake_devices(spec.size, max(len(jax.devices()), len(backend.cpu_devices())),
                             backend.platform())
-  for path in (rc.output.out_dir, rc.checkpoint.directory, rc.output.export_hf):
+  for path in (rc.output.out_dir, rc.checkpoint.directory, rc.output.export_hf,
+               rc.output.export_peft):
     if path:
       check_directory_path(path, {rc.output.out_dir: "--out_dir", rc.output.export_hf:
-                                  "--export_hf"}.get(path, "--checkpoint_dir"))
+                                  "--export_hf", rc.output.export_peft: "--export_peft"
+                                  }.get(path, "--checkpoint_dir"))
   if task is not None:  # a Python task object: recorded by name (not reproducible from a file)
     rc = rc.replace(**{"task.name": str(getattr(task, "name", type(task).__name__)),
                        "task.args": ""})
@@ -213,12 +217,18 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
                      "loop.max_new_tokens": pick(rc.loop.max_new_tokens, new_tokens)})
   if model.is_preset:
     model.config = dataclasses.replace(model.config, max_seq_len=rc.loop.seq_len)
-  model.config = precision.train_model(model.config)
+  model.config = dataclasses.replace(precision.train_model(model.config), lora=rc.lora)
+  if model.config.lora is not None:
+    lora.target_paths(model.config)  # a target the model lacks fails here, before any work
   rc = rc.replace(**{"precision.export_dtype": rc.precision.export_dtype or model.source_dtype})
-  if rc.output.export_hf and model.is_preset and model.config.moe is not None:
-    raise ValueError(f"--export_hf with --model={rc.model.name}: the tiny MoE preset has no "
-                     "Hugging Face equivalent (aux-free routing biases, no q/k norms); export "
-                     "works for the dense preset and for Hugging Face models")
+  for flag in ("export_hf", "export_peft"):
+    if rc.get(f"output.{flag}") and model.is_preset and model.config.moe is not None:
+      raise ValueError(f"--{flag} with --model={rc.model.name}: the tiny MoE preset has no "
+                       "Hugging Face equivalent (aux-free routing biases, no q/k norms); export "
+                       "works for the dense preset and for Hugging Face models")
+  if rc.output.export_peft:
+    from jaxrl_sys.models.hf.peft import check_peft_targets  # pylint: disable=import-outside-toplevel
+    check_peft_targets(model.config)
   has_answers = getattr(task, "has_answers", True)
   if rc.warmup.steps is None:
     rc = rc.replace(**{"warmup.steps": PRESET_SFT_STEPS if model.is_preset and has_answers

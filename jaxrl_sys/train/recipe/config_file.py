@@ -28,7 +28,7 @@ from jaxrl_sys.train.recipe.run_config import ALIASES, resolve, sections, settin
 # Settings that say where a run writes and how this launch is placed (the processes of a
 # multi-process job: the run is the same whatever their number), not what it computes (short
 # names).
-LOCATION_KEYS = ("out_dir", "checkpoint_dir", "export_hf", "overwrite", "progress",
+LOCATION_KEYS = ("out_dir", "checkpoint_dir", "export_hf", "export_peft", "overwrite", "progress",
                  "coordinator_address", "num_processes", "process_id", "local_device_ids",
                  "distributed_timeout")
 LOCATION_PATHS = tuple(ALIASES[k] for k in LOCATION_KEYS)

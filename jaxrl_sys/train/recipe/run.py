@@ -18,7 +18,7 @@ import re
 import jax
 
 from jaxrl_sys import backend
-from jaxrl_sys.models import init_params
+from jaxrl_sys.models import init_params, lora
 from jaxrl_sys.rollout.clock import WALL
 from jaxrl_sys.sharding import MeshSpec, make_mesh
 from jaxrl_sys.tasks import CountingTask
@@ -33,12 +33,15 @@ from jaxrl_sys.train.recipe.build import Recipe, eval_session, make_loop, rollou
 from jaxrl_sys.train.recipe.config_file import (HISTORY_KEY, WriteOnce, reproducible,
                                                 settings_history)
 from jaxrl_sys.train.recipe.run_config import RunConfig
+from jaxrl_sys.train.precision import cast_floating
 from jaxrl_sys.train.recipe.run_dir import (RESUME_OVERWRITE, check_export_dir,
                                             claim_checkpoint_dir, claim_run_dir,
-                                            describe_outputs, mark_export_dir, save_params,
-                                            write_json)
+                                            describe_outputs, load_tree, mark_export_dir,
+                                            save_params, save_tree, write_json)
 
 log = logging.getLogger(__name__)
+# LoRA: the frozen base a run made (random init, supervised warm-up), beside its checkpoints.
+LORA_BASE_FILE = "lora_base.safetensors"
 
 
 @dataclasses.dataclass
@@ -114,6 +117,8 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
     ckpt_lock = claim_checkpoint_dir(rc.checkpoint.directory, path, message=progress.message)
     locks.extend([ckpt_lock] if ckpt_lock else [])
     check_export_dir(rc.output.export_hf, path, overwrite=rc.output.overwrite, resume=resume)
+    check_export_dir(rc.output.export_peft, path, overwrite=rc.output.overwrite, resume=resume,
+                     flag="--export_peft")
     return path
 
   try:
@@ -156,16 +161,26 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
   progress.message(rc.precision.describe())
   mesh = recipe_mesh(recipe.mesh_spec)
 
+  base_file = ckpt.directory and os.path.join(ckpt.directory, LORA_BASE_FILE)
+
   def init():
+    if mc.lora is not None and resume and base_file and os.path.exists(base_file):
+      return load_tree(base_file)  # LoRA, resumed: the base the fresh run wrote (bit exact)
     params = recipe.model.params
     if params is None:
-      params = init_params(mc, jax.random.PRNGKey(rc.loop.seed))  # jitted
+      params = init_params(lora.without_lora(mc), jax.random.PRNGKey(rc.loop.seed))  # jitted
     if rc.warmup.steps:
       progress.phase(f"supervised warm-up ({rc.warmup.steps} steps)")
     seq = rc.loop.seq_len
-    params = supervised_warmup(params, mc, recipe.task, tok, steps=rc.warmup.steps,
-                               batch_size=rc.warmup.batch_size,
+    params = supervised_warmup(params, lora.without_lora(mc), recipe.task, tok,
+                               steps=rc.warmup.steps, batch_size=rc.warmup.batch_size,
                                learning_rate=rc.warmup.learning_rate, seq_len=seq)
+    if mc.lora is not None:
+      # The frozen base in its checkpoint's dtype. One the run made (random init, warm-up) is
+      # written once beside the checkpoints: a resumed run reads it instead of remaking it.
+      params = cast_floating(params, recipe.model.source_dtype)
+      if base_file and (recipe.model.is_preset or rc.warmup.steps):
+        multihost.run_on_main(lambda: _write_base(base_file, params), "write the LoRA base")
     # Several processes: the same host values on each, placed on the global mesh from there.
     return jax.device_get(params) if jax.process_count() > 1 else params
 
@@ -210,10 +225,14 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
   out = RecipeResult(result, run_dir=run_dir)
   summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
   out.notes += recipe.notes + ([summary] if summary else [])
-  params = result.state.params
+  params, adapters = result.state.params, None
+  if result.state.base is not None:  # LoRA: the policy is the base merged with the adapters
+    adapters = result.state.params
+    params = lora.merge_lora(result.state.base, adapters, config=mc, dtype="float32")
   export_hf = rc.output.export_hf
-  if jax.process_count() > 1 and (run_dir or export_hf):
+  if jax.process_count() > 1 and (run_dir or export_hf or rc.output.export_peft):
     params = multihost.gather_to_host(params)  # a collective: every process takes part
+    adapters = adapters if adapters is None else multihost.gather_to_host(adapters)
   if run_dir and main:
     write_json(config_path, settings)
     save_params(os.path.join(run_dir, "final_params.npz"), params)
@@ -222,6 +241,11 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
     _export(recipe, params, run_dir)
   elif export_hf and main:
     out.notes.append(f"run preempted: --export_hf={export_hf} not written (resume to finish)")
+  if rc.output.export_peft and not result.preempted and main:
+    _export_peft(recipe, adapters, result.state.base, run_dir)
+  elif rc.output.export_peft and main:
+    out.notes.append(f"run preempted: --export_peft={rc.output.export_peft} not written "
+                     "(resume to finish)")
   multihost.sync("run_outputs")
   if run_dir and main:
     out.outputs = describe_outputs(run_dir, checkpoint_dir=ckpt.directory,
@@ -260,10 +284,36 @@ def _export(recipe: Recipe, params, run_dir: str | None) -> None:
     files = tok.hf_tokenizer_files()
   # Checked when the run started (`check_export_dir`): an earlier export of this run, or
   # --overwrite, may be replaced.
-  export_hf(rc.output.export_hf, config, params, tokenizer_dir=model.hf_dir, tokenizer_files=files,
-            overwrite=True, dtype=rc.precision.export_dtype)
+  export_hf(rc.output.export_hf, lora.without_lora(config), params, tokenizer_dir=model.hf_dir,
+            tokenizer_files=files, overwrite=True, dtype=rc.precision.export_dtype)
   if run_dir:
     mark_export_dir(rc.output.export_hf, run_dir)
+
+
+def _write_base(path: str, params) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  save_tree(path, params)
+
+
+def _export_peft(recipe: Recipe, adapters, base, run_dir: str | None) -> None:
+  """The adapters as a PEFT directory; a preset's base (no Hugging Face directory of its own)
+  is exported beside them, in base/, and named as the adapters' base model."""
+  from jaxrl_sys.models.hf.peft import export_peft  # pylint: disable=import-outside-toplevel
+  rc, model = recipe.config, recipe.model
+  out = os.path.abspath(rc.output.export_peft)
+  base_model = model.hf_dir
+  export_peft(out, recipe.plan.train_model, adapters,
+              base_model=base_model or os.path.join(out, "base"), overwrite=True)
+  if base_model is None:
+    from jaxrl_sys.models import export_hf  # pylint: disable=import-outside-toplevel
+    tok = model.tokenizer
+    config = dataclasses.replace(lora.without_lora(model.config), bos_token_id=tok.bos_id,
+                                 eos_token_id=tok.eos_id)
+    export_hf(os.path.join(out, "base"), config, multihost.gather_to_host(base)
+              if jax.process_count() > 1 else base, tokenizer_files=tok.hf_tokenizer_files(),
+              overwrite=True, dtype=rc.precision.export_dtype)
+  if run_dir:
+    mark_export_dir(out, run_dir)
 
 
 def _read_history(out_dir: str) -> list[dict]:

@@ -13,6 +13,7 @@
       distributed  DistributedConfig  devices and processes: the mesh, the multi-process job (dist/)
       output       OutputConfig       where a run writes (not part of its config.json)
       precision    PrecisionConfig    dtypes of masters, compute, rollout (train/precision.py)
+      lora         LoraConfig         low-rank adapters on a frozen base (models/lora.py)
       agent        AgentConfig        multi-turn episodes: env, turns, tools (agents/)
 
 Every setting is one field of one section, documented in the section's `Attributes:`
@@ -46,6 +47,7 @@ import functools
 import typing
 from typing import Any, Mapping
 
+from jaxrl_sys.models.config import LoraConfig
 from jaxrl_sys.rollout.setup.spec import RolloutSetup
 from jaxrl_sys.agents.config import AgentConfig
 from jaxrl_sys.train.multihost.job import DistributedConfig
@@ -195,12 +197,16 @@ class OutputConfig:
     overwrite: replace the outputs of an earlier run in `out_dir` (and a non-empty `export_hf`
       directory); not with --resume, nor while that run is alive (its lock).
     export_hf: write the trained policy as a Hugging Face directory (safetensors, config.json,
-      tokenizer files).
+      tokenizer files); with LoRA the base merged with the adapters (float32 sum).
+    export_peft: with LoRA, write the adapters as a PEFT adapter directory
+      (adapter_config.json, adapter_model.safetensors) for the Hugging Face base (a preset's
+      base is written beside them, in base/).
     progress: show the progress bar on stderr.
   """
   out_dir: str | None = None
   overwrite: bool = False
   export_hf: str | None = None
+  export_peft: str | None = None
   progress: bool = True
 
 
@@ -228,7 +234,8 @@ ALIASES = {
     "local_device_ids": "distributed.local_device_ids",
     "distributed_timeout": "distributed.timeout",
     "out_dir": "output.out_dir", "overwrite": "output.overwrite",
-    "export_hf": "output.export_hf", "progress": "output.progress",
+    "export_hf": "output.export_hf", "export_peft": "output.export_peft",
+    "progress": "output.progress",
     "behav_weight_cap": "train.behav_weight_cap",
     "env": "agent.env", "max_turns": "agent.max_turns", "tool_timeout": "agent.tool_timeout",
     "tool_workers": "agent.tool_workers",
@@ -262,6 +269,7 @@ class RunConfig:
   distributed: DistributedConfig = DistributedConfig()
   output: OutputConfig = OutputConfig()
   precision: PrecisionConfig = PrecisionConfig()
+  lora: LoraConfig = LoraConfig()
   agent: AgentConfig = AgentConfig()
 
   def __post_init__(self):
@@ -270,6 +278,9 @@ class RunConfig:
           f"loop.group_size={self.loop.group_size} with train.algo={self.train.algo}: GRPO-family "
           "advantages compare samples of the same prompt, so each group needs at least 2 "
           "samples")
+    if self.output.export_peft and not self.lora.enabled:
+      raise ValueError(f"output.export_peft={self.output.export_peft} writes LoRA adapters: "
+                       "set lora.rank (and lora.targets) to train some")
 
   def get(self, path: str) -> Any:
     """The value at "section.field" or a short name."""

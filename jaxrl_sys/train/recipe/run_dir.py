@@ -157,10 +157,10 @@ EXPORT_MARK = ".jaxrl_run.json"
 
 
 def check_export_dir(path: str | None, run_dir: str | None, *, overwrite: bool,
-                     resume: bool) -> None:
-  """Refuses, before any work, an --export_hf directory that is not empty, unless `overwrite`
-  or it is this run's own earlier export (`--resume` of a run that exported; see
-  `mark_export_dir`)."""
+                     resume: bool, flag: str = "--export_hf") -> None:
+  """Refuses, before any work, an export directory (`flag`: --export_hf, --export_peft) that
+  is not empty, unless `overwrite` or it is this run's own earlier export (`--resume` of a
+  run that exported; see `mark_export_dir`)."""
   if not path or overwrite:
     return
   path = os.path.abspath(path)
@@ -173,7 +173,7 @@ def check_export_dir(path: str | None, run_dir: str | None, *, overwrite: bool,
           return
     except (OSError, ValueError, AttributeError):
       pass
-  raise ValueError(f"--export_hf={path} is not empty ({len(os.listdir(path))} entries); choose a "
+  raise ValueError(f"{flag}={path} is not empty ({len(os.listdir(path))} entries); choose a "
                    "new directory or pass --overwrite (checked before training, nothing was "
                    "run)")
 
@@ -228,6 +228,30 @@ def write_json(path: str, data: dict) -> None:
     json.dump(data, f, indent=1, sort_keys=True)
     f.write("\n")
   os.replace(tmp, path)
+
+
+def save_tree(path: str, tree) -> None:
+  """Writes a pytree of nested dicts as one safetensors file ("layers/attn/wq" -> array), in
+  its own dtypes (bfloat16 included), atomically: what `load_tree` reads back bit for bit."""
+  from jaxrl_sys.models.hf import safetensors_io  # pylint: disable=import-outside-toplevel
+  flat = {"/".join(str(getattr(k, "key", k)) for k in kp): np.asarray(v)
+          for kp, v in jax.tree_util.tree_flatten_with_path(jax.device_get(tree))[0]}
+  tmp = path + ".tmp"
+  safetensors_io.write_file(tmp, flat)
+  os.replace(tmp, path)
+
+
+def load_tree(path: str) -> dict:
+  """The nested dict `save_tree` wrote (numpy arrays)."""
+  from jaxrl_sys.models.hf import safetensors_io  # pylint: disable=import-outside-toplevel
+  out: dict = {}
+  for name, arr in safetensors_io.read_file(path).items():
+    node = out
+    *parents, leaf = name.split("/")
+    for k in parents:
+      node = node.setdefault(k, {})
+    node[leaf] = arr
+  return out
 
 
 def save_params(path: str, params) -> None:

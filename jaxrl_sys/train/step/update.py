@@ -14,16 +14,13 @@ Precision (`train.precision`): the forward casts the masters to the compute dtyp
 are used; the gradient reaches the masters through that cast, is summed in float32 and goes to
 the optimizer in float32, never rounded to the parameters' dtype.
 
-Per token: log-probs and entropy come from `kernels.fused_logprobs(hidden, unembed, targets,
-temperature)` at the temperature the responses were sampled at, read from the rollout's
-`models.SamplingConfig` (`sampling=`: the one home of the setting; the full distribution at
-that temperature), over the batch's scoring window (`batch.pack`): the response positions, not
-the prompt's. The proximal policy of the decoupled loss is the
-parameters before this update (one optimizer update per step), i.e. `stop_gradient` of the
-same forward pass; the behaviour policy is the rollout engine's log-probs. The ratio is taken
-against the proximal policy (exactly 1), or against the behaviour policy with
-`loss.old_policy == "behaviour"` (coupled PPO: the clip binds on stale samples). The reference
-policy (KL) is a frozen copy in the state, skipped when the KL coefficient is 0.
+Per token: log-probs and entropy of the scoring window (`logprobs.token_logprobs`) at the
+rollout's sampling temperature (`sampling=`). The proximal policy of the decoupled loss is the
+parameters before this update (`stop_gradient` of the same forward); the behaviour policy is
+the rollout engine's log-probs. The ratio is taken against the proximal policy (exactly 1), or
+against the behaviour policy with `loss.old_policy == "behaviour"` (coupled PPO: the clip binds
+on stale samples). The reference policy (KL) is a frozen copy in the state (with LoRA the base
+itself), skipped when the KL coefficient is 0.
 
 MoE routing replay (`TrainConfig.routing_replay`): "R3" runs the policy forward (and the
 reference forward) with the rollout's routes from the batch (`batch.routes`, forced where
@@ -44,16 +41,16 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxrl_sys import kernels
 from jaxrl_sys.losses.aggregation import loss_denominator
 from jaxrl_sys.losses.ess import ess_lr_scale, sequence_log_weights
 from jaxrl_sys.losses.mismatch import mismatch_stats
 from jaxrl_sys.losses.policy import policy_loss
-from jaxrl_sys.models import ModelConfig, SamplingConfig, forward, unembedding
+from jaxrl_sys.models import ModelConfig, SamplingConfig
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules, logical_to_spec
 from jaxrl_sys.sharding.axes import BATCH
 from jaxrl_sys.train.step.batch import TrainBatch
 from jaxrl_sys.train.step.config import TrainConfig
+from jaxrl_sys.train.step.logprobs import SAMPLING, batch_routes, lora_rng, token_logprobs
 from jaxrl_sys.train.step.state import TrainState, state_shardings
 
 # Token-weighted means accumulated across micro-batches (keys of policy_loss's aux).
@@ -64,8 +61,6 @@ _TOKEN_MEANS = ("kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high",
 _MOE_LATEST = ("q",)
 # The mismatch of a forward with live routes, under routing replay (`routing_live_mismatch`).
 _LIVE_MEANS = ("mismatch_live_mean", "mismatch_live_out_frac")
-# The sampling config of a step given none: temperature 1.
-SAMPLING = SamplingConfig()
 
 
 class Accum(NamedTuple):
@@ -74,7 +69,8 @@ class Accum(NamedTuple):
   grads: parameter-shaped float32 sum of numerator gradients; denominator: float32 `[]`;
   sums: dict of float32 `[]` (token-weighted metric sums, `num_tokens`, `pg_numerator`, ...);
   lse_w / lse_w2: running logsumexp of the sequence log importance weights (and twice them)
-  for the ESS; moe_aux: summed MoE auxiliary statistics (None for a dense model).
+  for the ESS; moe_aux: summed MoE auxiliary statistics (None for a dense model); micro: int32
+  `[]` micro-batches accumulated (seeds the adapters' dropout per micro-batch).
   """
   grads: Any
   denominator: jax.Array
@@ -82,6 +78,7 @@ class Accum(NamedTuple):
   lse_w: jax.Array
   lse_w2: jax.Array
   moe_aux: Any
+  micro: Any = 0
 
 
 def _moe():
@@ -89,85 +86,30 @@ def _moe():
   return moe
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def score_window(hidden, start, width: int):
-  """`hidden [rows, T, d]` at positions `start[:, None] + arange(width)` -> `[rows, width, d]`.
-
-  The caller guarantees `start + width <= T` (`batch.pack` checks it). The backward is a gather
-  too (position t of row r takes window entry `t - start[r]`, or 0 outside the window), not
-  the scatter-add autodiff would emit.
-  """
-  pos = start[:, None] + jnp.arange(width, dtype=start.dtype)[None, :]
-  return jnp.take_along_axis(hidden, pos[..., None], axis=1)
-
-
-def _score_window_fwd(hidden, start, width):
-  return score_window(hidden, start, width), (start, hidden.shape[1])
-
-
-def _score_window_bwd(width, res, g):
-  start, t = res
-  j = jnp.arange(t, dtype=start.dtype)[None, :] - start[:, None]             # [rows, T]
-  inside = (j >= 0) & (j < width)
-  dh = jnp.take_along_axis(g, jnp.clip(j, 0, width - 1)[..., None], axis=1)
-  return jnp.where(inside[..., None], dh, 0).astype(g.dtype), None
-
-
-score_window.defvjp(_score_window_fwd, _score_window_bwd)
-
-
-def batch_routes(model_config: ModelConfig, train_config: TrainConfig, batch: TrainBatch):
-  """The rollout routes the policy forward replays (R3 with routes in the batch), else None."""
-  if (model_config.moe is None or train_config.routing_replay != "R3"
-      or batch.routes is None):
-    return None
-  from jaxrl_sys.models.moe import Routes  # pylint: disable=import-outside-toplevel
-  return Routes(batch.routes, batch.route_mask)
-
-
-def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig, batch: TrainBatch,
-                   moe_state=None, sampling: SamplingConfig = SAMPLING, routes=None,
-                   return_routes: bool = False):
-  """Log-probs and entropy of `batch.targets` under `params` at `sampling.temperature`, on the
-  scoring window only (no logits at the prompt positions before it). `routes`: MoE routes to
-  replay (`models.moe.Routes`), None routes live; `return_routes` (static) also returns the
-  forward's.
-
-  Returns:
-    (logprobs `[rows, W]` float32, entropy `[rows, W]` float32, MoE aux dict), and the forward's
-    `Routes` last when `return_routes`.
-  """
-  out = forward(params, model_config, batch.tokens, attention_mask=batch.attention_mask,
-                moe_state=moe_state, routes=routes, return_routes=return_routes,
-                unroll_layers=model_config.num_layers <= train_config.unroll_layers_max)
-  rows, t, d = out.hidden.shape
-  w = batch.targets.shape[1]
-  hidden = out.hidden if w == t else score_window(out.hidden, batch.score_start, w)
-  lp, ent = kernels.fused_logprobs(
-      hidden.reshape(rows * w, d), unembedding(params, model_config),
-      batch.targets.reshape(rows * w), temperature=sampling.temperature,
-      chunk_size=train_config.logprob_chunk, impl=train_config.logprob_impl)
-  if return_routes:
-    return lp.reshape(rows, w), ent.reshape(rows, w), out.aux, out.routes
-  return lp.reshape(rows, w), ent.reshape(rows, w), out.aux
-
-
 def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelConfig,
-                train_config: TrainConfig, sampling: SamplingConfig):
+                train_config: TrainConfig, sampling: SamplingConfig, micro=0):
+  """`params`: what is differentiated (the model's parameters, or with LoRA the adapters
+  beside the frozen `state.base`)."""
   tc = train_config
   fn = token_logprobs
   if tc.remat:
     fn = jax.checkpoint(token_logprobs, static_argnums=(1, 2, 5, 7))
   routes = batch_routes(model_config, tc, mb)
   r2 = model_config.moe is not None and tc.routing_replay == "R2"
-  lp, ent, moe_aux, *own = fn(params, model_config, tc, mb, state.moe_state, sampling, routes,
-                              r2)
+  weights, lora = (params, None) if state.base is None else (state.base, params)
+  rng = None if lora is None else lora_rng(state, micro, model_config)
+  lp, ent, moe_aux, *own = fn(weights, model_config, tc, mb, state.moe_state, sampling, routes,
+                              r2, lora, rng)
   if r2:  # the policy forward's own routes, for the reference forward
     routes = jax.tree.map(jax.lax.stop_gradient, own[0])
   mask = mb.loss_mask
   ref = None
   if state.ref_params is not None:
     ref, _, _ = token_logprobs(state.ref_params, model_config, tc, mb, state.moe_state, sampling,
+                               routes)
+    ref = jax.lax.stop_gradient(ref)
+  elif state.base is not None and tc.uses_reference:  # LoRA: the reference is the base itself
+    ref, _, _ = token_logprobs(state.base, model_config, tc, mb, state.moe_state, sampling,
                                routes)
     ref = jax.lax.stop_gradient(ref)
   prox = jax.lax.stop_gradient(lp)
@@ -188,7 +130,8 @@ def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelCo
   # Trainer vs rollout-engine log-prob mismatch (numerics, plus staleness off-policy).
   aux = dict(out.aux, **mismatch_stats(prox, mb.behav_logprobs, mask))
   if live_mismatch(model_config, tc):
-    live, _, _ = token_logprobs(params, model_config, tc, mb, state.moe_state, sampling)
+    live, _, _ = token_logprobs(weights, model_config, tc, mb, state.moe_state, sampling,
+                               lora=lora)
     stats = mismatch_stats(jax.lax.stop_gradient(live), mb.behav_logprobs, mask)
     aux.update({k.replace("mismatch_", "mismatch_live_"): v for k, v in stats.items()})
   return numerator, (aux, den, log_w, jax.lax.stop_gradient(moe_aux))
@@ -207,10 +150,12 @@ def init_accum(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
   moe_aux = None
   if model_config.moe is not None:
+    params, lora = state.policy
     shapes = jax.eval_shape(
         lambda p, b: token_logprobs(p, model_config, train_config, b, state.moe_state, sampling,
-                                    batch_routes(model_config, train_config, b))[2],
-        state.params, mb)
+                                    batch_routes(model_config, train_config, b), False,
+                                    lora)[2],
+        params, mb)
     moe_aux = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
   keys = _TOKEN_MEANS + ("loss_numerator", "num_tokens", "num_sequences", "pg_numerator",
                          "off_policy_tokens", "staleness_sum")
@@ -220,7 +165,8 @@ def init_accum(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
   sums["ratio_max"] = jnp.zeros([], jnp.float32)
   sums["mismatch_max"] = jnp.zeros([], jnp.float32)
   ninf = jnp.full([], -jnp.inf, jnp.float32)
-  return Accum(zeros, jnp.zeros([], jnp.float32), sums, ninf, ninf, moe_aux)
+  return Accum(zeros, jnp.zeros([], jnp.float32), sums, ninf, ninf, moe_aux,
+               jnp.zeros([], jnp.int32))
 
 
 def accumulate(state: TrainState, acc: Accum, mb: TrainBatch, *, model_config: ModelConfig,
@@ -228,7 +174,7 @@ def accumulate(state: TrainState, acc: Accum, mb: TrainBatch, *, model_config: M
   """Adds one micro-batch `[rows, T]` to the running sums (pure)."""
   grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
   (numerator, (aux, den, log_w, moe_aux)), grads = grad_fn(state.params, state, mb, model_config,
-                                                            train_config, sampling)
+                                                            train_config, sampling, acc.micro)
   grads = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc.grads, grads)
   valid = mb.loss_mask != 0
   ntok = aux["num_tokens"].astype(jnp.float32)
@@ -257,7 +203,7 @@ def accumulate(state: TrainState, acc: Accum, mb: TrainBatch, *, model_config: M
     # Loads and counts add up over the step; state-like entries (BIP duals "q") keep the latest.
     new_aux = {k: moe_aux[k].astype(v.dtype) + (0 if k in _MOE_LATEST else v)
                for k, v in acc.moe_aux.items()}
-  return Accum(grads, acc.denominator + den, sums, lse_w, lse_w2, new_aux)
+  return Accum(grads, acc.denominator + den, sums, lse_w, lse_w2, new_aux, acc.micro + 1)
 
 
 def apply(state: TrainState, acc: Accum, *, model_config: ModelConfig, train_config: TrainConfig,
@@ -301,7 +247,8 @@ def apply(state: TrainState, acc: Accum, *, model_config: ModelConfig, train_con
     metrics["learning_rate"] = schedule(state.step) * lr_scale
   metrics.update(moe_metrics)
   new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
-                         ref_params=state.ref_params, moe_state=moe_state, rng=state.rng)
+                         ref_params=state.ref_params, moe_state=moe_state, rng=state.rng,
+                         base=state.base)
   return new_state, metrics
 
 
@@ -396,20 +343,40 @@ def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimiz
   sh = state_shardings(abstract, model_config, optimizer, mesh, rules)
   rep = NamedSharding(mesh, P())
   acc_sh = Accum(grads=sh.params, denominator=rep, sums=rep, lse_w=rep, lse_w2=rep,
-                 moe_aux=None if model_config.moe is None else rep)
+                 moe_aux=None if model_config.moe is None else rep, micro=rep)
   kw = dict(model_config=model_config, train_config=train_config)
   opt = dict(optimizer=optimizer, schedule=schedule)
-
-  def _step(state, batch):
-    return train_step(state, batch, sampling=sampling, **kw, **opt)
-
-  def _init(state, mb):
-    return init_accum(state, mb, sampling=sampling, **kw)
-
-  def _acc(state, acc, mb):
-    return accumulate(state, acc, mb, sampling=sampling, **kw)
-
   d = (lambda *a: a) if donate else (lambda *a: ())
+  # The LoRA base is its own argument of every program: never donated (the rollout engine may
+  # hold the same arrays) and never an output (no copy); `call` hands the input's back.
+  no_base = sh._replace(base=None)
+
+  def _step(rest, base, batch):
+    state, metrics = train_step(rest._replace(base=base), batch, sampling=sampling, **kw, **opt)
+    return state._replace(base=None), metrics
+
+  def _init(rest, base, mb):
+    return init_accum(rest._replace(base=base), mb, sampling=sampling, **kw)
+
+  def _acc(rest, base, acc, mb):
+    return accumulate(rest._replace(base=base), acc, mb, sampling=sampling, **kw)
+
+  step_jit = jax.jit(_step, out_shardings=(no_base, rep), donate_argnums=d(0))
+  init_jit = jax.jit(_init, out_shardings=acc_sh)
+  acc_jit = jax.jit(_acc, out_shardings=acc_sh, donate_argnums=d(2))
+
+  def step(state, batch):
+    rest, metrics = step_jit(state._replace(base=None), state.base, batch)
+    return rest._replace(base=state.base), metrics
+  step.lower = lambda state, batch: step_jit.lower(state._replace(base=None), state.base, batch)
+
+  def init(state, mb):
+    return init_jit(state._replace(base=None), state.base, mb)
+  init.lower = lambda state, mb: init_jit.lower(state._replace(base=None), state.base, mb)
+
+  def acc(state, acc, mb):
+    return acc_jit(state._replace(base=None), state.base, acc, mb)
+  acc.lower = lambda state, a, mb: acc_jit.lower(state._replace(base=None), state.base, a, mb)
 
   def _params_last(fn):
     # The parameters are not donated (the in-memory weight store hands them to the rollout
@@ -417,22 +384,21 @@ def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimiz
     # outputs of the same shape in output order, so the new parameters go last: the optimizer
     # moments and the reference weights then update their own buffers in place, where new
     # parameters listed first would take the moments' buffers and force a copy of each.
-    def run(rest, params, x):
-      state, metrics = fn(rest._replace(params=params), x, **kw, **opt)
-      return state._replace(params=None), state.params, metrics
-    out_sh = (sh._replace(params=None), sh.params, rep)
+    def run(rest, params, base, x):
+      state, metrics = fn(rest._replace(params=params, base=base), x, **kw, **opt)
+      return state._replace(params=None, base=None), state.params, metrics
+    out_sh = (sh._replace(params=None, base=None), sh.params, rep)
     jitted = jax.jit(run, out_shardings=out_sh, donate_argnums=d(0))
 
+    def args(state):
+      return state._replace(params=None, base=None), state.params, state.base
+
     def call(state, x):
-      rest, params, metrics = jitted(state._replace(params=None), state.params, x)
-      return rest._replace(params=params), metrics
-    call.lower = lambda state, x: jitted.lower(state._replace(params=None), state.params, x)
+      rest, params, metrics = jitted(*args(state), x)
+      return rest._replace(params=params, base=state.base), metrics
+    call.lower = lambda state, x: jitted.lower(*args(state), x)
     return call
 
-  return TrainFns(
-      step=jax.jit(_step, out_shardings=(sh, rep), donate_argnums=d(0)),
-      init_accum=jax.jit(_init, out_shardings=acc_sh),
-      accumulate=jax.jit(_acc, out_shardings=acc_sh, donate_argnums=d(1)),
-      apply=_params_last(apply),
-      fused_step=_params_last(functools.partial(fused_step, sampling=sampling)),
-      shardings=sh, mesh=mesh, rules=rules)
+  return TrainFns(step=step, init_accum=init, accumulate=acc, apply=_params_last(apply),
+                  fused_step=_params_last(functools.partial(fused_step, sampling=sampling)),
+                  shardings=sh, mesh=mesh, rules=rules)
