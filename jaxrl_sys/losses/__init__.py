@@ -37,7 +37,8 @@ from jaxrl_sys.losses.policy import (dapo_loss, decoupled_ppo_loss, drgrpo_loss,
                                      policy_loss)
 
 __all__ = [
-    "AdvantageConfig", "AdvantageOutput", "LossInputError", "LossOutput", "NonFiniteError", "PRESETS",
+    "AdvantageConfig", "AdvantageOutput", "LossInputError", "LossOutput", "NonFiniteError",
+    "PRESETS",
     "PolicyLossConfig", "ScaleByESSState", "aggregate", "check_finite", "checked", "dapo_loss",
     "decoupled_ppo_loss", "drgrpo_loss", "effective_sample_size", "enable_checks", "ess_lr_scale",
     "grpo_loss", "group_advantages", "kl_estimate", "kl_penalized_rewards", "loss_denominator",
