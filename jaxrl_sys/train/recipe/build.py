@@ -32,6 +32,7 @@ from jaxrl_sys import backend
 from jaxrl_sys.models import init_params
 from jaxrl_sys.sharding import MeshSpec, make_mesh, parse_mesh
 from jaxrl_sys.tasks import CountingTask, DatasetTask, make_task, parse_task_spec
+from jaxrl_sys.tasks.dataset import unknown_characters_note
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.step.config import TrainConfig
 from jaxrl_sys.train.recipe import limits
@@ -179,7 +180,7 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   notes = []
   if dataset:
     task, prompt_len, new_tokens, note = _fit_dataset(task, model, rc)
-    notes += [note] if note else []
+    notes += [n for n in (note, unknown_characters_note(task, model.tokenizer)) if n]
   n_eval = rc.eval.prompts
   eval_task, eval_indices = task, tuple(range(SYNTHETIC_EVAL_START, SYNTHETIC_EVAL_START + n_eval))
   if dataset and rc.eval.every:
@@ -192,7 +193,8 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   if model.is_preset:
     model.config = dataclasses.replace(model.config, max_seq_len=rc.loop.seq_len)
   model.config = precision.train_model(model.config)
-  rc = rc.replace(**{"precision.export_dtype": rc.precision.export_dtype or model.source_dtype})
+  # float32 by default: a cast to the checkpoint's bfloat16 would round most of an RL update away
+  rc = rc.replace(**{"precision.export_dtype": rc.precision.export_dtype or "float32"})
   if rc.output.export_hf and model.is_preset and model.config.moe is not None:
     raise ValueError(f"--export_hf with --model={rc.model.name}: the tiny MoE preset has no "
                      "Hugging Face equivalent (aux-free routing biases, no q/k norms); export "
@@ -380,7 +382,7 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
     save_params(os.path.join(run_dir, "final_params.npz"), params)
     _plot(recipe, run_dir, result.history)
   if export_hf and not result.preempted and main:
-    _export(recipe, params, run_dir)
+    out.notes.append(_export(recipe, params, run_dir))
   elif export_hf and main:
     out.notes.append(f"run preempted: --export_hf={export_hf} not written (resume to finish)")
   multihost.sync("run_outputs")
@@ -406,8 +408,10 @@ def _plot(recipe: Recipe, run_dir: str, history: list[dict]) -> None:
                        "workers)")
 
 
-def _export(recipe: Recipe, params, run_dir: str | None) -> None:
-  from jaxrl_sys.models import export_hf  # pylint: disable=import-outside-toplevel
+def _export(recipe: Recipe, params, run_dir: str | None) -> str:
+  """Writes --export_hf; returns the line saying how much of the update its dtype keeps."""
+  # pylint: disable-next=import-outside-toplevel
+  from jaxrl_sys.models.hf.export import export_hf, update_survival
   rc, model = recipe.config, recipe.model
   config, files = model.config, None
   if model.is_preset:  # the char tokenizer as an HF tokenizer; its special ids in config.json
@@ -420,6 +424,10 @@ def _export(recipe: Recipe, params, run_dir: str | None) -> None:
             overwrite=True, dtype=rc.precision.export_dtype)
   if run_dir:
     mark_export_dir(rc.output.export_hf, run_dir)
+  initial = model.params
+  if initial is None:  # a preset starts from its seeded initialisation
+    initial = init_params(model.config, jax.random.PRNGKey(rc.loop.seed))
+  return "--export_hf: " + update_survival(initial, params, rc.precision.export_dtype).describe()
 
 
 def _read_history(out_dir: str) -> list[dict]:

@@ -63,6 +63,14 @@ class HFTaskTokenizer:
         ids = [self.bos_id] + ids
     return ids + ([self.eos_id] if eos else [])
 
+  def unknown_characters(self, text: str) -> str:
+    """See `models.HFTokenizer.unknown_characters`."""
+    return self._tok.unknown_characters(text)
+
+  @property
+  def unk_token(self) -> str | None:
+    return self._tok.unk_token
+
   def decode(self, ids: Sequence[int]) -> str:
     ids = [int(i) for i in ids]
     if self.eos_id in ids:
