@@ -1,5 +1,13 @@
 """The tensorstore weight store: versions as files under a directory or any tensorstore kvstore
-URL (`file://`, `gs://`, `memory://`), for workers on other machines (layout in `weights`)."""
+URL (`file://`, `gs://`, `memory://`), for workers on other machines (layout in `weights`).
+
+Every kvstore operation has a deadline (tensorstore itself retries an endpoint it cannot reach,
+e.g. `gs://` without credentials or network, for many minutes): `REMOTE_TIMEOUT_S` for a small
+one, plus `MIN_BYTES_PER_S` for a data write or read. A store that does not answer raises
+`WeightStoreUnreachableError` (the constructor, so a run stops before training) or fails the
+publish. A failed publish (a full disk, a lost connection) deletes what it wrote of its
+version: no partial version is left behind.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -22,6 +30,35 @@ from jaxrl_sys.rollout.weights.io import (BackgroundPublisher, BackgroundStore,
 
 _log = logging.getLogger(__name__)
 
+# Deadline of one small kvstore operation (open, list, a pointer or a manifest), in seconds; data
+# transfers get `nbytes / MIN_BYTES_PER_S` more.
+REMOTE_TIMEOUT_S = 60.0
+MIN_BYTES_PER_S = 4 << 20
+
+
+class WeightStoreUnreachableError(ValueError):
+  """The weight store's kvstore did not answer within its deadline (no network, credentials,
+  or a hung mount)."""
+
+
+def _result(future, url: str, what: str, nbytes: int = 0):
+  """`future.result()` within the deadline of an operation moving `nbytes` (see the module
+  docstring); raises `WeightStoreUnreachableError` past it."""
+  timeout = REMOTE_TIMEOUT_S + nbytes / MIN_BYTES_PER_S
+  try:
+    return future.result(timeout=timeout)
+  except TimeoutError:
+    try:
+      future.cancel()
+    except Exception:  # pylint: disable=broad-except  (best effort)
+      pass
+    hint = (" (gs:// needs credentials: GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth "
+            "application-default login`)" if url.startswith("gs://") else "")
+    raise WeightStoreUnreachableError(
+        f"the weight store {url} did not answer within {timeout:.3g} s ({what}): is it "
+        f"reachable from here{hint}? Check the URL, the network and its credentials, or use a "
+        "local directory (--weight_store=tensorstore:/path)") from None
+
 
 # ----- tensorstore backend -----------------------------------------------------------------------
 _KVSTORES: dict[str, Any] = {}
@@ -40,7 +77,7 @@ def _kvstore(url: str):
   import tensorstore as ts  # pylint: disable=import-outside-toplevel
   with _KV_LOCK:
     if url not in _KVSTORES:
-      _KVSTORES[url] = ts.KvStore.open(url).result()
+      _KVSTORES[url] = _result(ts.KvStore.open(url), url, "opening it")
     return _KVSTORES[url]
 
 
@@ -53,13 +90,21 @@ def _read_key(url: str, key: str) -> bytes | None:
   """One small value (None if missing)."""
   local = _local_dir(url)
   if local is None:
-    got = _kvstore(url).read(key).result()
+    got = _result(_kvstore(url).read(key), url, f"reading {key}")
     return got.value if got.state == "value" else None
   try:
     with open(os.path.join(local, key), "rb") as f:
       return f.read()
   except FileNotFoundError:
     return None
+
+
+def _settle(future) -> None:
+  """Waits (within the deadline) for a write whose attempt failed, ignoring its outcome."""
+  try:
+    future.exception(timeout=REMOTE_TIMEOUT_S)
+  except Exception:  # pylint: disable=broad-except  (a timeout, a cancelled future)
+    pass
 
 
 def _prefix_range(prefix: str):
@@ -156,9 +201,9 @@ def _read_kvstore(kv, arrays, v: int, where: str) -> list[np.ndarray]:
   """Any other kvstore: read every key concurrently, then verify in parallel."""
   futures = [kv.read(key) for _, key, _, _, _ in arrays]
   leaves = []
-  for (path, _, shape, dtype, _), f in zip(arrays, futures):
-    got = f.result()
+  for (path, key, shape, dtype, _), f in zip(arrays, futures):
     want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    got = _result(f, where, f"reading {key}", want)
     if got.state != "value":
       raise CorruptWeightsError(f"weight version {v} at {where}: array {path} is missing "
                                 "(deleted by gc, or never written)")
@@ -204,7 +249,7 @@ class TensorstoreWeightStore(BackgroundStore):
     super().__init__()
     latest = _read_latest(self.url)
     dirs: dict[int, bool] = {}
-    for key in self._kv.list().result():
+    for key in _result(self._kv.list(), self.url, "listing its versions"):
       hit = re.fullmatch(r"v(\d+)/(.*)", key.decode())
       if hit:
         v = int(hit.group(1))
@@ -231,34 +276,55 @@ class TensorstoreWeightStore(BackgroundStore):
     return self._kv.write(key, value)
 
   def _write(self, v: int, leaves: list[np.ndarray], tree: Any, paths: list[str]) -> None:
-    self._kv.delete_range(_prefix_range(f"v{v}/")).result()  # leftovers of a crashed attempt
+    # leftovers of a crashed attempt
+    _result(self._kv.delete_range(_prefix_range(f"v{v}/")), self.url, f"clearing v{v}/")
     arrays, inflight = [], []
     try:
-      for i, (x, path) in enumerate(zip(leaves, paths)):
-        crcs = [zlib.crc32(bytes_view(x)[o:o + weights_io.CHUNK_BYTES])
-                for o in range(0, x.nbytes, weights_io.CHUNK_BYTES)]
-        arrays.append({"key": f"a{i}", "path": path, "shape": list(x.shape),
-                       "dtype": x.dtype.name, "nbytes": x.nbytes, "crc32": crcs})
-        inflight.append((self._put(f"v{v}/a{i}", x.tobytes()), x.nbytes))
-        while sum(n for _, n in inflight) > 256 << 20:  # bound the bytes copies in flight
-          inflight.pop(0)[0].result()
-      for f, _ in inflight:
-        f.result()
+      try:
+        for i, (x, path) in enumerate(zip(leaves, paths)):
+          crcs = [zlib.crc32(bytes_view(x)[o:o + weights_io.CHUNK_BYTES])
+                  for o in range(0, x.nbytes, weights_io.CHUNK_BYTES)]
+          arrays.append({"key": f"a{i}", "path": path, "shape": list(x.shape),
+                         "dtype": x.dtype.name, "nbytes": x.nbytes, "crc32": crcs})
+          inflight.append((self._put(f"v{v}/a{i}", x.tobytes()), x.nbytes, f"v{v}/a{i}"))
+          while sum(n for _, n, _ in inflight) > 256 << 20:  # bound the bytes copies in flight
+            f, n, key = inflight.pop(0)
+            _result(f, self.url, f"writing {key}", n)
+        for f, n, key in inflight:
+          _result(f, self.url, f"writing {key}", n)
+      except BaseException:
+        for f, _, _ in inflight:  # no write of this attempt may land after the failure
+          _settle(f)
+        raise
+      nbytes = sum(x.nbytes for x in leaves)
+      manifest = json.dumps({"format": "jaxrl_sys.weights/1", "version": v, "nbytes": nbytes,
+                             "checksum": "crc32", "chunk_bytes": weights_io.CHUNK_BYTES,
+                             "tree": tree, "arrays": arrays}).encode()
+      _result(self._put(f"v{v}/manifest.json", manifest), self.url, f"writing v{v}/manifest.json")
+      ref = TensorstoreWeightRef(self.url, v, nbytes, zlib.crc32(manifest))
+      _result(self._put("LATEST", json.dumps({"version": v, "nbytes": nbytes,
+                                              "manifest_crc32": ref.manifest_crc32}).encode()),
+              self.url, "writing LATEST")
     except BaseException:
-      for f, _ in inflight:  # no write of this attempt may land after the failure is reported
-        f.exception()
+      self._discard(v)
       raise
-    nbytes = sum(x.nbytes for x in leaves)
-    manifest = json.dumps({"format": "jaxrl_sys.weights/1", "version": v, "nbytes": nbytes,
-                           "checksum": "crc32", "chunk_bytes": weights_io.CHUNK_BYTES, "tree": tree,
-                           "arrays": arrays}).encode()
-    self._put(f"v{v}/manifest.json", manifest).result()
-    ref = TensorstoreWeightRef(self.url, v, nbytes, zlib.crc32(manifest))
-    self._put("LATEST", json.dumps({"version": v, "nbytes": nbytes,
-                                    "manifest_crc32": ref.manifest_crc32}).encode()).result()
     with self._lock:
       self._refs[v] = ref
       self._orphans.discard(v)
+
+  def _discard(self, v: int) -> None:
+    """Deletes what a failed publish wrote of version `v` (best effort: the failure itself, a
+    full disk or a lost connection, is what gets reported)."""
+    try:
+      _result(self._kv.delete_range(_prefix_range(f"v{v}/")), self.url, f"deleting v{v}/")
+      local = _local_dir(self.url)
+      if local is not None:
+        os.rmdir(os.path.join(local, f"v{v}"))
+    except Exception as e:  # pylint: disable=broad-except
+      if not isinstance(e, FileNotFoundError):
+        _log.warning("could not delete the partial weight version %d at %s: %s", v, self.url, e)
+    with self._lock:
+      self._orphans.add(v)  # the next gc tries again
 
   def ref(self, version: int | None = None) -> TensorstoreWeightRef | None:
     with self._lock:
@@ -289,8 +355,9 @@ class TensorstoreWeightStore(BackgroundStore):
         self._orphans.discard(v)
     local = _local_dir(self.url)
     for v in drop:  # manifest first: a reader then fails cleanly instead of half-reading
-      self._kv.delete_range(_prefix_range(f"v{v}/manifest.json")).result()
-      self._kv.delete_range(_prefix_range(f"v{v}/")).result()
+      _result(self._kv.delete_range(_prefix_range(f"v{v}/manifest.json")), self.url,
+              f"deleting v{v}/manifest.json")
+      _result(self._kv.delete_range(_prefix_range(f"v{v}/")), self.url, f"deleting v{v}/")
       if local is not None:
         try:
           os.rmdir(os.path.join(local, f"v{v}"))
