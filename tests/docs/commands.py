@@ -169,6 +169,9 @@ COVERAGE = {
         f"{_MULTI}::test_two_processes_match_one_process_and_only_process_0_writes",
         "the same job on one machine: the TPU runtime supplies the coordinator, process count "
         "and id"),
+    # the notebook itself runs in tests/notebooks through nbclient, the engine of this command
+    "JAXRL_SMALL=1 jupyter execute --inplace notebooks/01_quickstart_grpo.ipynb": External(
+        "jupyter execute", ("--inplace",)),
     "python -m experiments.spot_sim --preset=measured:benchmarks/results": Mapped(
         "tests/sim/test_driver.py::"
         "test_a_preset_calibrated_from_our_benchmarks_drives_the_same_simulation",

@@ -325,6 +325,11 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
     else:
       write_json(config_path, settings)
   progress.message(rc.precision.describe())
+  warm = recipe.train.optim.warmup_steps
+  if warm and not resume:
+    progress.message(f"learning rate: linear warm-up from 0 to {recipe.train.optim.learning_rate:g}"
+                     f" over steps 1-{warm + 1} (step 1 trains at 0; --lr_warmup_steps=0 "
+                     "starts at the full rate)")
   mesh = recipe_mesh(recipe.mesh_spec)
 
   def init():
