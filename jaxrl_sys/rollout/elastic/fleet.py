@@ -14,6 +14,13 @@ schedule with `due(now) -> [TraceEvent]` (`schedules.TracePlayer` over a Bamboo 
 
 Workers come from a `factory(worker_id) -> Worker` (a Ray actor, a simulated instance), so
 the same fleet logic runs in real runs, tests and the simulator.
+
+Progress guarantee for random kills (`pause_kills`): a kill that comes due while no worker has
+finished starting (loaded its first weights) since the previous kill is skipped, with one line
+saying kills are paused; they resume once a worker has started. Kills faster than a worker
+starts would otherwise leave the fleet restarting forever and the step never finishing. With a
+`message` callback every kill, start, join (first weights loaded), loss and migration of
+requests off a lost worker is one line.
 """
 from __future__ import annotations
 
@@ -48,12 +55,17 @@ class Fleet:
       never the only target, and however slowly workers start on a loaded host, a worker
       serves for at least one gap between two kills: kills slow the run down but cannot stop
       it. A spot trace keeps False: it replays availability in real time from the first tick.
+    pause_kills: skip a `remove` while no worker has finished starting since the previous one
+      (the progress guarantee of random kills; see the module docstring).
+    message: prints one line per kill, start, join, loss and migration (None: silent, as in
+      the simulator).
   """
 
   def __init__(self, factory: Callable[[str], Worker], *, schedule=None, size: int = 0,
                cap: int | Callable[[], int | None] | None = None, prefix: str = "spot-",
                preempt: Callable[[Worker], None] = _preempt, retire_after: float = 30.0,
-               serving_clock: bool = False):
+               serving_clock: bool = False, pause_kills: bool = False,
+               message: Callable[[str], None] | None = None):
     if schedule is None and size <= 0:
       raise ValueError("Fleet needs a schedule or size > 0")
     self.factory, self.schedule, self.prefix, self._preempt = factory, schedule, prefix, preempt
@@ -68,6 +80,12 @@ class Fleet:
     self.serving_clock = serving_clock
     self._served = 0.0  # serving time so far (serving_clock)
     self._last: tuple[float, bool] | None = None  # (time, serving) at the previous tick
+    self.pause_kills, self._say = pause_kills, message
+    self._ready: set[str] = set()  # workers that loaded their first weights
+    self._started_since_kill = True
+    self._paused = False
+    self.skipped_kills = 0
+    self._migrated = (0, 0)  # the manager's (migrated, tokens_kept) counters last seen
 
   def cap(self) -> int | None:
     return self._cap() if callable(self._cap) else self._cap
@@ -90,22 +108,67 @@ class Fleet:
     self._last = (now, not self.workers or self._serving(manager))
     return self._served
 
+  def _message(self, text: str) -> None:
+    if self._say is not None:
+      self._say(text)
+
+  def _joins(self, manager, now: float) -> None:
+    """Notes the workers that loaded their first weights since the previous tick."""
+    states = getattr(manager, "workers", {})
+    for w in self.workers.values():
+      ws = states.get(w.worker_id)
+      if ws is not None and ws.version >= 0 and w.worker_id not in self._ready:
+        self._ready.add(w.worker_id)
+        self.log.append((now, "join", w.worker_id))
+        self._started_since_kill = True
+        self._message(f"fleet: {w.worker_id} joined (serving weight version {ws.version})")
+        if self._paused:
+          self._paused = False
+          self._message(f"fleet: kills resumed ({w.worker_id} finished starting)")
+
+  def _migrations(self, manager) -> None:
+    stats = getattr(manager, "stats", None)
+    now = (getattr(stats, "migrated", 0), getattr(stats, "tokens_kept", 0))
+    moved, kept = now[0] - self._migrated[0], now[1] - self._migrated[1]
+    self._migrated = now
+    if moved > 0:
+      self._message(f"fleet: migrated {moved} request(s) off lost workers ({kept} generated "
+                    "token(s) kept, not regenerated)")
+
+  def _remove(self, node: str, now: float) -> None:
+    w = self.workers.get(node)
+    if self.pause_kills and w is not None and not self._started_since_kill:
+      self.skipped_kills += 1
+      self.log.append((now, "kill skipped", node))
+      if not self._paused:
+        self._paused = True
+        self._message("fleet: kills paused: no worker has finished starting since the last "
+                      "kill (kills faster than a worker starts would stop all progress); they "
+                      "resume when one has")
+      return
+    self.available.discard(node)
+    self.workers.pop(node, None)
+    if w is not None:
+      self._preempt(w)
+      self._started_since_kill = False
+      self.log.append((now, "preempt", w.worker_id))
+      self._message(f"fleet: killed {w.worker_id}")
+
   def __call__(self, manager, now: float) -> None:
     t = self._schedule_time(manager, now)
+    self._joins(manager, now)
     if self.schedule is not None:
       for ev in self.schedule.due(t):
         if ev.kind == ADD:
           self.available.add(ev.node)
         elif ev.kind == REMOVE:
-          self.available.discard(ev.node)
-          w = self.workers.pop(ev.node, None)
-          if w is not None:
-            self._preempt(w)
-            self.log.append((now, "preempt", w.worker_id))
+          self._remove(ev.node, now)
     for node, w in list(self.workers.items()):
       if w.worker_id not in manager.workers:
         del self.workers[node]
         self.log.append((now, "gone", w.worker_id))
+        self._message(f"fleet: {w.worker_id} is gone (lost by the manager)")
+    self._migrations(manager)
     cap, wanted = self.cap(), getattr(manager, "worker_cap", None)
     if wanted is not None:
       cap = wanted if cap is None else min(cap, wanted)
@@ -119,6 +182,7 @@ class Fleet:
       self.workers[node] = w
       manager.add_worker(w)
       self.log.append((now, "start", w.worker_id))
+      self._message(f"fleet: starting {w.worker_id}")
     extra = len(self.workers) - want
     if extra <= 0:
       self._above_since = None
