@@ -245,12 +245,12 @@ class Probe:
   def case_n11(self):
     """N11 config: config loop: {steps: null}"""
     return self._error_case(["--config=" + self.config('n11', 'loop:\n  steps: null\n')],
-                            r"loop\.steps.*(null|needs a value)")
+                            r"loop\.steps.*(null|needs a value)", steps=None)
 
   def case_n12(self):
     """N12 config: config loop: {steps: {value: 2}}"""
     return self._error_case(["--config=" + self.config('n12', 'loop:\n  steps:\n    value: 2\n')],
-                            r"bad value .* for 'loop\.steps'")
+                            r"bad value .* for 'loop\.steps'", steps=None)
 
   def case_n13(self):
     """N13 config: config output: {out_dir: X}"""
