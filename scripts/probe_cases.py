@@ -93,12 +93,15 @@ def verdict(r: Result, ok: bool = False, *, error: str | None = None, codes=(2,)
     return "traceback"
   if lost:
     return "data lost"
+  lines = [s for s in r.err.splitlines() if s.startswith(("error:", "FATAL Flags parsing"))]
   if error is not None:
-    lines = [s for s in r.err.splitlines() if s.startswith(("error:", "FATAL Flags parsing"))]
     if r.rc in codes and lines and re.search(error, r.err, flags=re.S):
       return "clear error"
     return "silent wrong"
-  return "ok" if ok else "silent wrong"
+  if ok:
+    return "ok"
+  # refused where it should have worked, but clearly (the probe's verdict for such refusals)
+  return "clear error" if r.rc in (1, 2) and lines else "silent wrong"
 
 
 def first_error(r: Result) -> str:
@@ -1231,7 +1234,7 @@ except Exception as e:
 
   def case_n140(self):
     """N140 losses: mismatch_stats shape mismatch; effective_sample_size([])"""
-    got = [self._loss(b, error=r"shape|empty") for b in (
+    got = [self._loss(b, error=r"shape|empty|zero-size") for b in (
         "L.mismatch_stats(lp, lp[:, :3], mask)", "L.effective_sample_size(jnp.zeros((0,)))")]
     return next((v for v, _ in got if v != "clear error"), "clear error"), got[-1][1]
 
