@@ -1,7 +1,7 @@
 """The TRL / Tunix side-by-side GRPO workload on our trainer, with the train phase against the
 GEMM roofline of this machine (`python -m benchmarks.grpo_step --peer_workload`).
 
-Workload (as in ../shared/peers): the tiny Qwen2 and Qwen3-MoE models of `peer_models`, 8
+Workload (as in `benchmarks.peers.compare`): the tiny Qwen2 and Qwen3-MoE models of `peer_models`, 8
 prompts "a+b=" (a, b < 100) x G=8, exactly 32 new tokens (no stop token), KL 0.04 with a
 reference forward, AdamW lr 1e-5 without warm-up, one update per batch, float32, the recipe's
 defaults otherwise. Per run: medians over steps 3..steps of step / rollout / train time (the
@@ -30,8 +30,6 @@ import numpy as np
 from benchmarks import peer_models
 from benchmarks.common import print_table, write_json
 from jaxrl_sys.train import recipe as recipe_lib
-from jaxrl_sys.train.loop.rl_loop import RLLoop
-from jaxrl_sys.train.loop.local_client import default_engine_config
 from jaxrl_sys.train.loop.metrics_log import train_flops_per_token
 
 WORKLOAD = dict(task="arithmetic", task_args="num_digits=2,ops=+", group_size=8,
@@ -93,12 +91,17 @@ def run_once(model_dir: str, steps: int) -> dict:
   recipe = recipe_lib.build_recipe(rc)
   mc, lc = recipe.model.config, recipe.loop
   samples = lc.group_size
-  ec = default_engine_config(lc, samples, recipe.model.tokenizer.eos_id)
-  ec = dataclasses.replace(ec, sampling=dataclasses.replace(ec.sampling, stop_tokens=()))
-  loop = RLLoop(mc, recipe.train, lc, recipe.task, recipe.model.tokenizer,
-                recipe_lib.recipe_mesh(recipe.mesh_spec), init_params=lambda: recipe.model.params,
-                engine_config=ec)
-  h = loop.run().history[2:]
+  # no stop tokens: every response is max_new_tokens long, as the peers' workload is
+  engine = dataclasses.replace(recipe.plan.engine, sampling=dataclasses.replace(
+      recipe.plan.engine.sampling, stop_tokens=()))
+  recipe = dataclasses.replace(recipe, plan=dataclasses.replace(recipe.plan, engine=engine))
+  session = recipe_lib.rollout_session(recipe)
+  try:
+    loop = recipe_lib.make_loop(recipe, recipe_lib.recipe_mesh(recipe.mesh_spec), session,
+                                init_params=lambda: recipe.model.params)
+    h = loop.run().history[2:]
+  finally:
+    session.close()
   med = lambda k: statistics.median(r[k] for r in h)  # noqa: E731
   rows = lc.prompts_per_step * samples
   positions = int(med("train_positions"))      # rows x the packed row length (batch.row_length)

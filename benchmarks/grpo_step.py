@@ -26,7 +26,6 @@ from benchmarks.common import RESULTS_DIR, print_table, write_json  # noqa: E402
 from jaxrl_sys.models import init_params  # noqa: E402
 from jaxrl_sys.train import recipe as recipe_lib  # noqa: E402
 from jaxrl_sys.train.loop.evaluate import evaluate  # noqa: E402
-from jaxrl_sys.train.loop.rl_loop import RLLoop  # noqa: E402
 from jaxrl_sys.train.loop.supervised import supervised_warmup  # noqa: E402
 
 BASE = recipe_lib.RecipeConfig(progress=False, sft_steps=60, lr_warmup_steps=5)
@@ -35,18 +34,31 @@ BASE = recipe_lib.RecipeConfig(progress=False, sft_steps=60, lr_warmup_steps=5)
 def warm_params(rc: recipe_lib.RecipeConfig):
   recipe = recipe_lib.build_recipe(rc)
   rc, mc = recipe.config, recipe.model.config  # the task's defaults filled in
-  params = init_params(mc, jax.random.PRNGKey(rc.seed))
-  return supervised_warmup(params, mc, recipe.task, recipe.model.tokenizer, steps=rc.sft_steps,
-                           batch_size=rc.sft_batch_size, learning_rate=rc.sft_learning_rate,
-                           seq_len=rc.max_prompt_len + rc.max_new_tokens)
+  params = init_params(mc, jax.random.PRNGKey(rc.loop.seed))
+  return supervised_warmup(params, mc, recipe.task, recipe.model.tokenizer,
+                           steps=rc.warmup.steps, batch_size=rc.warmup.batch_size,
+                           learning_rate=rc.warmup.learning_rate, seq_len=rc.loop.seq_len)
 
 
 def run(rc: recipe_lib.RecipeConfig, params):
   recipe = recipe_lib.build_recipe(rc)
-  loop = RLLoop(recipe.model.config, recipe.train, recipe.loop, recipe.task,
-                recipe.model.tokenizer, recipe_lib.recipe_mesh(recipe.mesh_spec),
-                init_params=lambda: params, warmup_engine=True)
-  return recipe, loop.run()
+  session = recipe_lib.rollout_session(recipe, warmup=True)
+  try:
+    loop = recipe_lib.make_loop(recipe, recipe_lib.recipe_mesh(recipe.mesh_spec), session,
+                                init_params=lambda: params)
+    return recipe, loop.run()
+  finally:
+    session.close()
+
+
+def eval_reward(recipe, params) -> float:
+  """Mean reward of `params` on 100 fixed problems, 4 samples each."""
+  session = recipe_lib.eval_session(recipe)
+  try:
+    return evaluate(session, params, recipe.task, recipe.model.tokenizer, range(10_000, 10_100),
+                    plan=recipe.plan, samples=4, seed=123)
+  finally:
+    session.close()
 
 
 def step_throughput(params, steps: int) -> dict:
@@ -71,8 +83,7 @@ def step_throughput(params, steps: int) -> dict:
 def reward_vs_time(params, steps: int) -> list[dict]:
   runs = [("grpo", 8), ("mc_grpo", 2), ("mc_grpo", 8), ("vcpo", 8)]
   recipe = recipe_lib.build_recipe(BASE)
-  start = evaluate(params, recipe.model.config, recipe.task, recipe.model.tokenizer,
-                   range(10_000, 10_100), samples=4, seed=123, loop_config=recipe.loop)
+  start = eval_reward(recipe, params)
   print(f"warm-up checkpoint: eval reward {start:.3f}", flush=True)
   out = []
   for algo, g in runs:
@@ -81,9 +92,7 @@ def reward_vs_time(params, steps: int) -> list[dict]:
     recipe, result = run(rc, params)
     h = result.history[2:]  # the first two steps compile
     t = np.cumsum([r["time_step"] for r in h])
-    final = evaluate(result.state.params, recipe.model.config, recipe.task,
-                     recipe.model.tokenizer, range(10_000, 10_100), samples=4, seed=123,
-                     loop_config=recipe.loop)
+    final = eval_reward(recipe, result.state.params)
     out.append({"algo": algo, "G": g, "steps": len(h), "wall_s": float(t[-1]),
                 "reward_first10": float(np.mean([r["reward_mean"] for r in h[:10]])),
                 "reward_last10": float(np.mean([r["reward_mean"] for r in h[-10:]])),

@@ -42,7 +42,7 @@ def run(name: str, args, **rc) -> dict:
       max_new_tokens=args.max_new_tokens, max_prompt_len=8, sft_steps=0, lr_warmup_steps=0,
       progress=False, worker_token_delay=args.token_delay)
   hist = recipe_lib.run_recipe(recipe_lib.build_recipe(dataclasses.replace(base, **rc)),
-                               messages=False).history
+                               messages=False).run.history
   rows = hist[args.skip:]
   for i, h in enumerate(hist):
     print(f"  {name} step {i + 1}: step {h['time_step']:.3f}s rollout {h['time_rollout']:.3f}s "

@@ -90,7 +90,7 @@ def _early_process_count(argv: list[str]) -> int:
       return int(value)
   except ValueError:
     return 1
-  from jaxrl_sys.train.loop.distributed import detect_cluster  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.multihost.job import detect_cluster  # pylint: disable=import-outside-toplevel
   found = detect_cluster()
   return found[1] if found else 1
 
@@ -153,7 +153,7 @@ def recipe_from_flags():
   if FLAGS.resume and not (rc.output.out_dir or rc.checkpoint.directory):
     raise ValueError("--resume needs the run to continue: its --out_dir (or --checkpoint_dir)")
   if not rc.output.out_dir:
-    from jaxrl_sys.train.loop.multihost import share_from_main  # pylint: disable=import-outside-toplevel
+    from jaxrl_sys.train.multihost.collectives import share_from_main  # pylint: disable=import-outside-toplevel
     from jaxrl_sys.train.recipe.run_dir import new_run_dir  # pylint: disable=import-outside-toplevel
     # Several processes: process 0 names the directory, the others read it.
     rc = rc.replace(out_dir=share_from_main("run_dir", lambda: new_run_dir("runs", run_name(rc))))
@@ -162,12 +162,12 @@ def recipe_from_flags():
 
 def join_job():
   """Joins the multi-process job the flags (or the environment) describe, before JAX starts
-  (`train.loop.distributed.initialize`) with the `distributed` section of the flags (and the
+  (`train.multihost.job.initialize`) with the `distributed` section of the flags (and the
   --config file); returns its watchdog (None for one process)."""
-  from jaxrl_sys.train.loop import distributed  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.multihost import job  # pylint: disable=import-outside-toplevel
   if FLAGS.config:
     cli.apply_config_file(FLAGS.config, FLAGS)
-  return distributed.initialize(cli.run_config_from_flags(FLAGS).distributed)
+  return job.initialize(cli.run_config_from_flags(FLAGS).distributed)
 
 
 def main(argv):
@@ -231,20 +231,21 @@ def _train(jax, recipe_lib, DivergenceError):  # pylint: disable=invalid-name
   except (RequestFailedError, RolloutStalledError, WeightPullError, WeightPublishError) as e:
     print(f"error: rollout: {e}", file=sys.stderr)  # checkpoints already saved are kept
     return 1
-  step = int(jax.device_get(result.state.step))
+  run = result.run
+  step = int(jax.device_get(run.state.step))
   total = recipe.config.loop.steps
-  last = result.history[-1] if result.history else {}
-  if result.stop_signal == "SIGINT":
+  last = run.history[-1] if run.history else {}
+  if run.stop_signal == "SIGINT":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     print(f"interrupted (SIGINT) after step {step}/{total}: checkpoint saved; continue with "
           "--resume", file=sys.stderr)
   else:
-    status = "preempted (checkpoint saved)" if result.preempted else "done"
+    status = "preempted (checkpoint saved)" if run.preempted else "done"
     if jax.process_count() > 1:
       status = f"process {jax.process_index()}/{jax.process_count()}: {status}"
     line = f"{status}: step {step}/{total}"
     line += (f", reward {last['reward_mean']:.3f}" if "reward_mean" in last
-             else " (nothing left to train)" if not result.history else "")
+             else " (nothing left to train)" if not run.history else "")
     if "eval_reward" in last:
       line += f", eval reward {last['eval_reward']:.3f}"
     print(line, file=sys.stderr)
@@ -252,7 +253,7 @@ def _train(jax, recipe_lib, DivergenceError):  # pylint: disable=invalid-name
     print(f"note: {note}", file=sys.stderr)
   if result.outputs:
     print("outputs:\n  " + "\n  ".join(result.outputs), file=sys.stderr)
-  return 130 if result.stop_signal == "SIGINT" else 0
+  return 130 if run.stop_signal == "SIGINT" else 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ Every "auto" choice of the library goes through this module:
   CPU and TPU run the plain-XLA paths (the kernels use Triton-style masked loads).
 - `moe_implementation(tokens, num_experts)`: the routed-expert path of `MoEConfig(
   implementation="auto")`.
-- `local_engine_count(...)`: engines of the embedded rollout (`train.rollout_setup`).
+- `compute_dtype()`: the "auto" compute dtype of `train.precision` (bfloat16 on accelerators,
+  float32 on CPU, where bfloat16 matmuls are emulated and slower).
+- `local_engine_count(...)`: engines of the embedded rollout (`rollout.setup.local`).
 - `mesh_devices(size)`: the devices a mesh of `size` devices is built on (`train.recipe`).
 
 Each function takes `backend=` (a platform name: "cpu", "gpu", "tpu"; "cuda"/"rocm" count as
@@ -131,6 +133,12 @@ def moe_implementation(implementation: str, tokens: int, num_experts: int, *,
   if platform(backend) != "cpu":
     return "ragged"
   return "slots" if tokens * num_experts <= slots_max_rows else "segments"
+
+
+def compute_dtype(backend: str | None = None) -> str:
+  """The dtype "auto" compute resolves to: "float32" on CPU (bfloat16 matmuls are emulated
+  there, and slower), "bfloat16" on an accelerator (GPU, TPU, a plugin)."""
+  return "float32" if platform(backend) == "cpu" else "bfloat16"
 
 
 def local_engine_count(requested: int, num_slots: int, *, backend: str | None = None,

@@ -63,6 +63,12 @@ def test_local_engine_count(name, cores, slots, want):
   assert backend.local_engine_count(3, 2, backend=name, cpu_count=cores) == 2   # capped
 
 
+@pytest.mark.parametrize("name,want", [("cpu", "float32"), ("gpu", "bfloat16"),
+                                       ("cuda", "bfloat16"), ("tpu", "bfloat16")])
+def test_auto_compute_dtype(name, want):
+  assert backend.compute_dtype(name) == want
+
+
 def test_mesh_on_cpu():
   assert backend.mesh_on_cpu(4, 1, 8, backend="gpu")
   assert not backend.mesh_on_cpu(4, 1, 2, backend="gpu")      # not enough CPU devices either

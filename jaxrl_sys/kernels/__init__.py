@@ -11,7 +11,7 @@ log-probs, cuDNN attention, the Pallas decode attention and Pallas grouped matmu
 CPU and TPU. `impl="pallas"` on CPU runs the kernels in interpret mode (see `dispatch`).
 """
 from jaxrl_sys.kernels.decode_attention import decode_attention, decode_attention_reference
-from jaxrl_sys.kernels.dispatch import default_interpret, resolve_impl
+from jaxrl_sys.kernels.dispatch import default_interpret
 from jaxrl_sys.kernels.flash_attention import (attention_dpa, attention_mask,
                                                attention_reference, flash_attention)
 from jaxrl_sys.kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
@@ -20,5 +20,5 @@ from jaxrl_sys.kernels.logprobs import fused_logprobs, logprobs_reference
 __all__ = [
     "attention_dpa", "attention_mask", "attention_reference", "decode_attention",
     "decode_attention_reference", "default_interpret", "flash_attention", "fused_logprobs",
-    "grouped_matmul", "grouped_matmul_reference", "logprobs_reference", "resolve_impl",
+    "grouped_matmul", "grouped_matmul_reference", "logprobs_reference",
 ]

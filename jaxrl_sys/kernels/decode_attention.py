@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jaxrl_sys import backend
 from jaxrl_sys.kernels import dispatch
 from jaxrl_sys.kernels.dispatch import cdiv, load, store
 
@@ -159,7 +160,7 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
   if lengths is not None:
     chex.assert_shape(lengths, q.shape[:1])
   scale = q.shape[2] ** -0.5 if scale is None else float(scale)
-  if dispatch.resolve_impl(impl) == "xla":
+  if backend.kernel_impl("decode_attention", impl) == "xla":
     return decode_attention_reference(q, k_cache, v_cache, kv_mask, scale=scale, lengths=lengths,
                                       return_lse=return_lse)
   if lengths is None:

@@ -1,10 +1,9 @@
-"""Backend choice shared by every kernel, and small Pallas helpers.
+"""Small Pallas helpers shared by every kernel.
 
-`resolve_impl("auto", kernel)` asks `jaxrl_sys.backend` which implementation runs on this
-backend (the Pallas kernels lower on GPU, through Triton; CPU and TPU run the plain-XLA paths:
-these kernels use Triton-style masked loads that Mosaic does not lower). `impl="pallas"` forces
-the kernel; on CPU it then runs in interpret mode (`default_interpret()`), which is how the tests
-exercise it.
+Which implementation runs is `jaxrl_sys.backend.kernel_impl(kernel, impl)` (the Pallas kernels
+lower on GPU, through Triton; CPU and TPU run the plain-XLA paths: these kernels use
+Triton-style masked loads that Mosaic does not lower). `impl="pallas"` forces the kernel; on CPU
+it then runs in interpret mode (`default_interpret()`), which is how the tests exercise it.
 
 The Pallas helpers hide API moves between jax releases: masked `load`/`store` live in
 `jax.experimental.pallas.triton` from jax 0.10 on (earlier releases had `pl.load`/`pl.store`).
@@ -28,11 +27,6 @@ except ImportError:  # pragma: no cover - older jax.
 Impl = Literal["auto", "pallas", "xla"]
 
 
-def platform() -> str:
-  """The default backend's platform name: "cpu", "gpu" or "tpu" (`jaxrl_sys.backend`)."""
-  return backend.platform()
-
-
 def default_interpret() -> bool:
   """True where Pallas kernels can only run in interpret mode (CPU)."""
   return backend.pallas_interpret()
@@ -41,17 +35,6 @@ def default_interpret() -> bool:
 def resolve_interpret(interpret: bool | None) -> bool:
   """`interpret`, or the platform default when it is None."""
   return default_interpret() if interpret is None else bool(interpret)
-
-
-def resolve_impl(impl: str, kernel: str = "decode_attention") -> str:
-  """The implementation of `kernel` that runs for `impl` ("auto" picks per backend through
-  `jaxrl_sys.backend.kernel_impl`; any other name is checked and returned).
-
-  Args:
-    impl: "auto", "pallas", "xla", or another name that `backend.KERNELS[kernel]` lists.
-    kernel: one of `backend.KERNELS`.
-  """
-  return backend.kernel_impl(kernel, impl)
 
 
 def next_pow2(n: int) -> int:

@@ -67,8 +67,8 @@ def attention_dpa(q, k, v, *, segment_ids=None, causal=True, scale=None, impleme
   a head size that is a multiple of 8 (ValueError otherwise), and masked training needs an
   even sequence length: an odd one is padded by one masked position here.
   """
-  if implementation is None:
-    implementation = "cudnn" if backend.platform() == "gpu" else "xla"
+  if implementation is None:  # the backend's choice: cuDNN on a GPU, XLA elsewhere
+    implementation = backend.kernel_impl("flash_attention")
   if implementation == "cudnn" and backend.platform() == "gpu":
     if not backend.cudnn_attention_ok(q.dtype, q.shape[-1]):
       raise ValueError(
@@ -99,8 +99,9 @@ def attention_dpa(q, k, v, *, segment_ids=None, causal=True, scale=None, impleme
         key_value_seq_lengths=lengths, implementation=implementation)
 
   def general(q, k, v):
-    if implementation == "cudnn":
-      return flash_attention(q, k, v, segment_ids=seg, causal=causal, scale=scale, impl="pallas")
+    if implementation == "cudnn":  # the kernel cuDNN falls back to (`backend.FALLBACK`)
+      return flash_attention(q, k, v, segment_ids=seg, causal=causal, scale=scale,
+                             impl=backend.FALLBACK[("flash_attention", "cudnn")])
     mask = attention_mask(seg, causal)[:, None]
     return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale,
                                         implementation=implementation)

@@ -1,6 +1,6 @@
 """Tokenizer of an HF model directory (`tokenizer.json` through the `tokenizers` package) and
 its chat template (`tokenizer_config.json["chat_template"]` or `chat_template.jinja`, rendered
-with jinja2 in a sandbox)."""
+with jinja2 in a sandbox), implementing the `tasks.Tokenizer` protocol."""
 from __future__ import annotations
 
 import json
@@ -10,13 +10,28 @@ from typing import Sequence
 
 
 class HFTokenizer:
-  """Wraps `tokenizers.Tokenizer` with the special ids of the model directory.
+  """The tokenizer of a Hugging Face model directory, as a `tasks.Tokenizer`.
 
-  Attributes: `eos_token_ids` (tuple, from generation_config.json / config.json /
-  tokenizer_config.json), `pad_token_id`, `vocab_size`, `chat_template` (jinja source or None).
+  Prompts are what the loop encodes with `bos=True`: with `chat_template` on and a template in
+  the directory, such a text is rendered as one user message plus the generation prompt (the
+  template places its own bos token); otherwise bos (if the model has one) + the text.
+  `decode` stops at the first eos and drops special tokens.
+
+  Args:
+    directory: the model directory (tokenizer.json; special ids from generation_config.json,
+      config.json, tokenizer_config.json).
+    bos_id: the model's bos id (config.json's `bos_token_id`), or None when it has none.
+    chat_template: wrap prompts in the directory's chat template when it has one.
+
+  Attributes: `pad_id`, `bos_id`, `eos_id`, `vocab_size`, `uses_chat_template` (the
+  `tasks.Tokenizer` protocol); `eos_token_ids` (every eos id the directory names),
+  `chat_template` (jinja source or None), `special_tokens` (bos / eos texts).
+
+  Raises:
+    FileNotFoundError: no tokenizer.json. ValueError: an unreadable file, or no eos token.
   """
 
-  def __init__(self, directory: str):
+  def __init__(self, directory: str, bos_id: int | None = None, chat_template: bool = True):
     import tokenizers  # pylint: disable=import-outside-toplevel
     path = os.path.join(directory, "tokenizer.json")
     if not os.path.exists(path):
@@ -44,17 +59,36 @@ class HFTokenizer:
       eos = self._tok.token_to_id(meta["eos_token"])
     self.eos_token_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, list) else (
         () if eos is None else (int(eos),))
+    if not self.eos_token_ids:
+      raise ValueError(f"{directory}: the tokenizer names no eos token (set eos_token_id in "
+                       "config.json or generation_config.json)")
     pad = meta.get("pad_token_id")
     if pad is None and isinstance(meta.get("pad_token"), str):
       pad = self._tok.token_to_id(meta["pad_token"])
-    self.pad_token_id: int = int(pad) if pad is not None else (self.eos_token_ids or (0,))[0]
+    self.eos_id: int = self.eos_token_ids[0]
+    self.pad_id: int = int(pad) if pad is not None else self.eos_id
+    self.bos_id = bos_id
     self.vocab_size: int = self._tok.get_vocab_size()
+    self.uses_chat_template = bool(chat_template and self.chat_template)
 
-  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-    return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+  def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+    """Token ids of `text`: a prompt (`bos=True`) in the chat template or after bos, then eos
+    when asked."""
+    if bos and self.uses_chat_template:
+      content = self.apply_chat_template([{"role": "user", "content": text}])
+      ids = self._tok.encode(content, add_special_tokens=False).ids
+    else:
+      ids = self._tok.encode(text, add_special_tokens=False).ids
+      if bos and self.bos_id is not None:
+        ids = [self.bos_id] + ids
+    return ids + ([self.eos_id] if eos else [])
 
-  def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-    return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+  def decode(self, ids: Sequence[int]) -> str:
+    """The text of `ids` up to the first eos, special tokens dropped."""
+    ids = [int(i) for i in ids]
+    if self.eos_id in ids:
+      ids = ids[:ids.index(self.eos_id)]
+    return self._tok.decode(ids, skip_special_tokens=True)
 
   @property
   def unk_token(self) -> str | None:

@@ -1,15 +1,14 @@
 """jaxrl_sys.rollout: records, the generation engine, workers, the rollout manager, weights.
 
 Top level (numpy only): `types` (`Request`, `TokenChunk`, `Completion`, `FinishReason`,
-`request_key`, `RolloutClient`: the contract between trainer, manager and engines), `wire`
-(exact JSON encoding of requests for checkpoints), `clock` (`Clock`, `WallClock`, `ManualClock`:
-time is injected everywhere).
+`request_key`, `RolloutClient` / `RolloutSession`: the contract between trainer, manager and
+engines), `wire` (exact JSON encoding of requests for checkpoints), `clock` (`Clock`,
+`WallClock`, `ManualClock`: time is injected everywhere).
 
 Wings:
 - `engine/` (JAX): `Engine(model_config, params, EngineConfig(...), version)`: continuous
   batching over fixed slots, shared-prompt prefill, token streaming, resumable requests, abort,
-  weight swap; `slots` (the jitted device functions); `InProcessRollout` (one engine as a
-  RolloutClient, no manager: tests and small scripts).
+  weight swap; `slots` (the jitted device functions).
 - `workers/`: the plain-data worker protocol (`Commands` in, `WorkerReport` out, `WorkerLost`;
   numpy only), `WorkerServer` / `InProcessWorker` (engine side), `ThreadWorker` (engines of this
   process on threads of their own), Ray actors in `workers.ray` (imports Ray).
@@ -19,20 +18,23 @@ Wings:
   RolloutClient over workers that come and go (token-level state, routing with version gating,
   migration on loss, continuous load balancing, weight pulls).
 - `elastic/` (numpy only): `Fleet`, the offload controller, preemption schedules, spot traces.
+- `setup/`: where rollout runs (`RolloutSetup`) and `make_client`, which builds every client
+  by name (in-process, thread, Ray).
 
 Every name below is imported on first access (module `__getattr__`): importing the package, the
 manager or the simulator does not import JAX.
 """
-from jaxrl_sys.rollout._lazy import lazy_attributes
+from jaxrl_sys._lazy import lazy_attributes
 
 _NAMES = {
     "Clock": "jaxrl_sys.rollout.clock", "ManualClock": "jaxrl_sys.rollout.clock",
     "WallClock": "jaxrl_sys.rollout.clock",
     "Completion": "jaxrl_sys.rollout.types", "FinishReason": "jaxrl_sys.rollout.types",
     "Request": "jaxrl_sys.rollout.types", "RolloutClient": "jaxrl_sys.rollout.types",
+    "RolloutSession": "jaxrl_sys.rollout.types",
     "TokenChunk": "jaxrl_sys.rollout.types", "request_key": "jaxrl_sys.rollout.types",
     "Engine": "jaxrl_sys.rollout.engine", "EngineConfig": "jaxrl_sys.rollout.engine",
-    "EngineStats": "jaxrl_sys.rollout.engine", "InProcessRollout": "jaxrl_sys.rollout.engine",
+    "EngineStats": "jaxrl_sys.rollout.engine",
     "Commands": "jaxrl_sys.rollout.workers", "InProcessWorker": "jaxrl_sys.rollout.workers",
     "ThreadWorker": "jaxrl_sys.rollout.workers", "Worker": "jaxrl_sys.rollout.workers",
     "WorkerLost": "jaxrl_sys.rollout.workers", "WorkerReport": "jaxrl_sys.rollout.workers",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -114,7 +114,7 @@ class Completion:
 
 
 class RolloutClient(Protocol):
-  """What the trainer's host loop talks to: one in-process engine or a manager of many workers.
+  """Generation as a service: requests in, completions out, weight versions published.
 
   submit() never blocks on generation; poll() returns the responses completed since the last
   call (optionally waiting up to `timeout` seconds for at least `min_count`); abort() stops
@@ -136,3 +136,44 @@ class RolloutClient(Protocol):
   def num_pending(self) -> int: ...
 
   def snapshot(self) -> list[Request]: ...
+
+
+TickHook = Callable[[Any, float], None]
+
+
+class RolloutSession(RolloutClient, Protocol):
+  """Everything the trainer's loop and its evaluators use of a rollout client, and nothing more.
+
+  A session is built once by `rollout.setup.factory.make_client` (the run's composition root
+  builds the training and the evaluation sessions) and handed to its users, which call only
+  these methods. `rollout.RolloutManager` implements it over in-process, thread and Ray workers.
+
+  The contract, beyond `RolloutClient`'s methods:
+  - `submit` may be called at any time, also while earlier requests run, and requests are
+    independent: completions come back in finishing order, tied to their origin by
+    `Request.request_id`, `group_id` and `meta`. A driver that submits turn after turn (a
+    multi-turn episode: each turn a request whose prompt is the episode so far, submitted when
+    the previous turn and its tool results are in) needs nothing else. A routing constraint
+    travels in the request itself (`Request.min_version` today), so a per-request routing
+    hint or affinity joins it there, not the session.
+  - `snapshot` is also how a driver observes streamed partial tokens: the copies hold every
+    token generated so far (engines stream them in chunks of `EngineConfig.stream_every`).
+  - `publish(params, version, moe_state)`: versions increase; requests with
+    `min_version > version` wait for a newer one. A new session has no weights until the
+    first publish.
+  - `metrics()`: cumulative counters and gauges (tokens, migrated, lost, live_workers, pulls,
+    ...); a user reports differences between two calls. `describe()`: one line of state for
+    error messages (e.g. a stalled rollout). `close()`: ends the workers and the weight store
+    (pending writes waited for); the session's builder calls it, once.
+  - `add_tick_hook(hook)`: `hook(manager, now)` runs at every scheduling round of the session
+    (fleets that start and stop workers, the offload controller); attached by whoever builds
+    the session, never by the loop.
+  """
+
+  def metrics(self) -> dict[str, float]: ...
+
+  def describe(self) -> str: ...
+
+  def close(self) -> None: ...
+
+  def add_tick_hook(self, hook: TickHook) -> None: ...

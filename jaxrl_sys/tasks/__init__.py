@@ -1,5 +1,6 @@
 """Verifiable tasks with programmatic rewards, and a tokenizer for them.
 
+- `Task` and `Tokenizer`: the protocols a task and its tokenizer implement (`tasks.base`).
 - `CharTokenizer`: pad 0 / bos 1 / eos 2 + one id per character.
 - `ArithmeticTask`, `CountdownTask`: problems are a pure function of an integer index.
 - `DatasetTask`: prompts from JSONL / Parquet / `datasets` rows, scored by a user function
@@ -12,7 +13,7 @@
 """
 from jaxrl_sys.tasks.arithmetic import ArithmeticTask, parse_integer_answer
 from jaxrl_sys.tasks.base import (NonFiniteRewardError, Problem, RewardError, RewardValueError,
-                                  SupervisedBatch, Task, supervised_examples)
+                                  SupervisedBatch, Task, Tokenizer, supervised_examples)
 from jaxrl_sys.tasks.countdown import CountdownTask, evaluate
 from jaxrl_sys.tasks.dataset import DatasetTask, make_dataset_task, parse_task_spec, read_rows
 from jaxrl_sys.tasks.gsm8k import extract_gsm8k_answer, gsm8k_reward
@@ -44,7 +45,7 @@ def make_task(name: str, reward=None, **kwargs) -> Task:
 __all__ = [
     "ArithmeticTask", "CharTokenizer", "CountdownTask", "CountingTask", "DatasetTask",
     "NonFiniteRewardError", "Problem", "RewardError", "RewardValueError", "SupervisedBatch",
-    "TASKS", "Task", "reward_value",
+    "TASKS", "Task", "Tokenizer", "reward_value",
     "evaluate", "exact_match", "extract_gsm8k_answer", "gsm8k_reward", "load_reward",
     "make_dataset_task", "make_task", "parse_integer_answer", "parse_task_spec", "read_rows",
     "score_completions", "supervised_examples",

@@ -1,8 +1,9 @@
-"""Task protocol, problems and supervised warm-up data (reward scoring: `tasks.rewards`)."""
+"""Task and tokenizer protocols, problems and supervised warm-up data (reward scoring:
+`tasks.rewards`)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -22,6 +23,32 @@ class Task(Protocol):
   def problem(self, index: int) -> Problem: ...
 
   def reward(self, problem: Problem, completion: str) -> float: ...
+
+
+class Tokenizer(Protocol):
+  """Text <-> token ids, as tasks, the RL loop, the evaluators and the supervised warm-up use
+  them: one seam for the synthetic tasks' `CharTokenizer` and a Hugging Face model's
+  `models.HFTokenizer`.
+
+  Attributes:
+    pad_id: the id packed batches are padded with.
+    bos_id: the beginning-of-sequence id, or None for a model without one.
+    eos_id: the end-of-sequence id (the rollout engines' stop token).
+    vocab_size: every id lies in [0, vocab_size).
+    uses_chat_template: prompts encoded with `bos=True` are wrapped in a chat template.
+  """
+  pad_id: int
+  bos_id: int | None
+  eos_id: int
+  vocab_size: int
+  uses_chat_template: bool
+
+  def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+    """Token ids of `text`; `bos=True` marks a prompt (bos first, or the chat template);
+    `eos=True` appends eos."""
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """The text of `ids`, up to the first eos."""
 
 
 @dataclasses.dataclass(frozen=True)

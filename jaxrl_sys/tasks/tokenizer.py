@@ -9,11 +9,13 @@ _CHARS = "0123456789+-*/=()?,.:; abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU
 class CharTokenizer:
   """Maps characters to ids: 0 = pad, 1 = bos, 2 = eos, then one id per known character.
 
-  `encode` rejects unknown characters with a ValueError naming them.
+  Implements `tasks.Tokenizer`; `encode` rejects unknown characters with a ValueError naming
+  them.
   """
   pad_id = 0
   bos_id = 1
   eos_id = 2
+  uses_chat_template = False
 
   def __init__(self, chars: str = _CHARS):
     if len(set(chars)) != len(chars):

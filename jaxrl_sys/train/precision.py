@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxrl_sys import backend as backend_lib
 from jaxrl_sys.models import ModelConfig
 
 DTYPES = ("float32", "bfloat16")
@@ -55,14 +56,14 @@ class PrecisionConfig:
                           ("rollout_dtype", DTYPES + (AUTO,)), ("accum_dtype", ("float32",)),
                           ("export_dtype", DTYPES + (None,))):
       if getattr(self, name) not in allowed:
-        raise ValueError(f"--{name}={getattr(self, name)!r}: use one of {list(allowed)}")
+        raise ValueError(f"precision.{name}={getattr(self, name)!r}: use one of {list(allowed)}")
 
   def resolve(self, backend: str | None = None) -> "PrecisionConfig":
-    """The policy with "auto" replaced for `backend` (default: JAX's default backend)."""
-    backend = backend or jax.default_backend()
+    """The policy with "auto" replaced for `backend` (a platform name; default: JAX's
+    default backend), by `jaxrl_sys.backend.compute_dtype`."""
     compute = self.compute_dtype
     if compute == AUTO:
-      compute = "float32" if backend == "cpu" else "bfloat16"
+      compute = backend_lib.compute_dtype(backend)
     rollout = compute if self.rollout_dtype == AUTO else self.rollout_dtype
     return dataclasses.replace(self, compute_dtype=compute, rollout_dtype=rollout)
 

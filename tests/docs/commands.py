@@ -162,7 +162,7 @@ COVERAGE = {
         f"{_MULTI}::test_two_processes_match_one_process_and_only_process_0_writes",
         "the same job on one machine: SLURM supplies the coordinator, process count and id "
         "that the two-process command passes as flags (detection: "
-        "tests/train/loop/test_distributed.py)"),
+        "tests/train/multihost/test_job.py)"),
     'gcloud compute tpus tpu-vm ssh my-slice --zone=us-central2-b --worker=all --command="cd '
     'jaxrl_sys && .venv/bin/python -m experiments.grpo --mesh=8x4 '
     '--out_dir=/mnt/shared/runs/grpo-8x4"': Mapped(

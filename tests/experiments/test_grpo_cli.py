@@ -128,8 +128,8 @@ def test_mesh_8x4_on_32_fake_devices(tmp_path):
 
 @pytest.mark.parametrize("flag,message", [
     ("--mesh=8x", "bad mesh string '8x'"),
-    ("--algo=ppo", "unknown --algo 'ppo'"),
-    ("--behav_weight_cap=0", "--behav_weight_cap=0.0 must be > 0"),
+    ("--algo=ppo", "unknown train.algo 'ppo'"),
+    ("--behav_weight_cap=0", "train.behav_weight_cap=0.0 must be > 0"),
 ])
 def test_cli_rejects_bad_input(tmp_path, flag, message):
   rc, err = run_grpo([*BASE, flag, "--steps=1", f"--out_dir={tmp_path}"])

@@ -6,18 +6,19 @@ import os
 import pytest
 
 from jaxrl_sys.rollout.elastic.trace_formats import bundled_trace
-from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup, check_ray_resources
+from jaxrl_sys.rollout.setup.ray import check_ray_resources
+from jaxrl_sys.rollout.setup.spec import RolloutSetup
 from tests.experiments.test_grpo_cli import _run
 
 
 
 def test_worker_asking_for_missing_resources_is_a_clear_error(ray_session):  # pylint: disable=unused-argument
   with pytest.raises(ValueError, match=r"asks for GPU=1 but the Ray cluster has 0 GPUs.*"
-                                       r"lower --worker_gpus"):
+                                       r"lower rollout.worker_gpus"):
     check_ray_resources(RolloutSetup(rollout="ray", worker_gpus=1))
-  with pytest.raises(ValueError, match="--weight_store=memory only serves in-process workers"):
+  with pytest.raises(ValueError, match="rollout.weight_store=memory only serves in-process"):
     RolloutSetup(rollout="ray", weight_store="memory")
-  with pytest.raises(ValueError, match="act on Ray workers: use them with --rollout=ray"):
+  with pytest.raises(ValueError, match="act on Ray workers: use them with rollout.rollout=ray"):
     RolloutSetup(chaos_kill_every=3.0)
 
 

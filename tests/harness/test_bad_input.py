@@ -13,9 +13,9 @@ from tests.train.common import quick
 
 
 @pytest.mark.parametrize("kw,message", [
-    (dict(max_new_tokens=0), "--max_new_tokens=0 must be >= 1"),
-    (dict(max_prompt_len=0), "--max_prompt_len=0 must be >= 1"),
-    (dict(weight_store="s3:/x"), "--weight_store=s3:/x is for Ray workers"),
+    (dict(max_new_tokens=0), "loop.max_new_tokens=0 must be >= 1"),
+    (dict(max_prompt_len=0), "loop.max_prompt_len=0 must be >= 1"),
+    (dict(weight_store="s3:/x"), "rollout.weight_store=s3:/x is for Ray workers"),
     (dict(weight_store="tensorstore:/tmp/ws"), "the local rollout shares the trainer's weights"),
     (dict(mesh="64x64"), "--mesh needs 4096 devices .* faking more than 512 CPU devices"),
     (dict(out_dir="/proc/self/x"), "--out_dir=/proc/self/x: cannot write there"),
@@ -27,7 +27,7 @@ def test_refused_before_any_work(kw, message):
 
 
 def test_given_max_new_tokens_is_kept():
-  assert recipe_lib.build_recipe(quick(max_new_tokens=1)).config.max_new_tokens == 1
+  assert recipe_lib.build_recipe(quick(max_new_tokens=1)).config.loop.max_new_tokens == 1
 
 
 def _jsonl(path, rows):
@@ -39,7 +39,7 @@ def test_one_huge_prompt_is_dropped_by_the_default_cap(tmp_path):
   rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
   rows.insert(57, {"prompt": "1+" * 500_000 + "1=", "answer": "500001"})  # a 1 MB prompt
   recipe = recipe_lib.build_recipe(quick(task=_jsonl(tmp_path / "d.jsonl", rows)))
-  rc = recipe.config
+  rc = recipe.config.loop
   assert rc.max_prompt_len == 4 * 5  # 4 x the 99th percentile (bos + "a+b=" = 5 tokens)
   assert len(recipe.task.task) == 100
   assert recipe.model.config.max_seq_len == rc.max_prompt_len + rc.max_new_tokens

@@ -87,7 +87,7 @@ def test_config_file_round_trip(tmp_path):
   # the command line wins over the file (which says steps: 2)
   rc, err = run_grpo([f"--config={tmp_path / 'a' / 'config.json'}", "--steps=0",
                       f"--out_dir={tmp_path / 'c'}"])
-  assert rc == 2 and "--steps=0: nothing to train" in err, err
+  assert rc == 2 and "loop.steps=0: nothing to train" in err, err
   rc, err = run_grpo(["--progress=false", f"--config={tmp_path / 'a' / 'config.json'}",
                       f"--out_dir={tmp_path / 'b'}"])
   assert rc == 0, err
@@ -117,8 +117,8 @@ def test_divergence_exits_nonzero_and_never_done(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--steps=0"], "--steps=0: nothing to train"),
-    (["--sft_steps=-5"], "--sft_steps=-5 must be >= 0"),
+    (["--steps=0"], "loop.steps=0: nothing to train"),
+    (["--sft_steps=-5"], "warmup.steps=-5 must be >= 0"),
     (["--out_dir={file}"], "is a file, not a directory"),
     (["--checkpoint_dir={file}"], "is a file, not a directory"),
     (["--model={empty}"], "not a usable Hugging Face model"),

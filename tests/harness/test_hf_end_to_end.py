@@ -77,7 +77,7 @@ def test_train_and_export_loads_in_transformers(tmp_path):
   rc = quick(model=d, steps=2, out_dir=str(tmp_path / "run"), export_hf=str(tmp_path / "hf"),
              progress=False, sft_steps=None, learning_rate=1e-2)
   recipe = recipe_lib.build_recipe(rc)
-  assert recipe.config.sft_steps == 0  # a user's model is not fine-tuned on the answers
+  assert recipe.config.warmup.steps == 0  # a user's model is not fine-tuned on the answers
   result = recipe_lib.run_recipe(recipe)
   out = str(tmp_path / "hf")
   for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
@@ -88,7 +88,7 @@ def test_train_and_export_loads_in_transformers(tmp_path):
                                                  add_generation_prompt=True, tokenize=True))])
   with torch.no_grad():
     ref = tm(torch.tensor(ids)).logits.numpy()
-  params, config = result.state.params, recipe.model.config
+  params, config = result.run.state.params, recipe.model.config
   hidden = models.forward(params, config, jnp.asarray(ids, jnp.int32)).hidden
   ours = np.asarray(models.logits_from_hidden(params, config, hidden))
   assert np.abs(ours - ref).max() < 1e-4  # the export is the run's final policy
@@ -109,6 +109,6 @@ def test_tiny_preset_export_has_a_working_tokenizer(tmp_path):
   with torch.no_grad():
     ref = tm(torch.tensor(ids)).logits.numpy()
   mc = recipe_lib.build_recipe(rc).model.config
-  hidden = models.forward(result.state.params, mc, jnp.asarray(ids, jnp.int32)).hidden
-  ours_logits = np.asarray(models.logits_from_hidden(result.state.params, mc, hidden))
+  hidden = models.forward(result.run.state.params, mc, jnp.asarray(ids, jnp.int32)).hidden
+  ours_logits = np.asarray(models.logits_from_hidden(result.run.state.params, mc, hidden))
   assert np.abs(ours_logits - ref).max() < 1e-4

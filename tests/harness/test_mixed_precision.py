@@ -13,14 +13,15 @@ import numpy as np
 
 from jaxrl_sys.models import load_hf_checkpoint, update_survival
 from jaxrl_sys.models.hf import safetensors_io
-from jaxrl_sys.train.recipe import build as recipe_lib
+from jaxrl_sys.train import recipe as recipe_lib
+from jaxrl_sys.train.recipe import build as recipe_build
 from tests.train.common import bf16_hf_dir, quick
 
 REWARD = "def length(prompt, completion, **row):\n  return len(completion) / 10\n"
 SUMS = pathlib.Path(__file__).resolve().parents[2] / "examples" / "sums.jsonl"
 
 
-class _Recorded(recipe_lib.RLLoop):
+class _Recorded(recipe_build.RLLoop):
   """The recipe's loop, kept for the test to read its rollout client afterwards."""
   last = None
 
@@ -40,7 +41,7 @@ def test_bf16_checkpoint_with_bf16_rollout(tmp_path, monkeypatch):
   base = quick(model=d, task=f"jsonl:{SUMS}",
                reward=f"{tmp_path / 'reward.py'}:length", learning_rate=1e-6, kl_coef=0.0,
                rollout_dtype="bfloat16", steps=3, prompts_per_step=4, max_new_tokens=4)
-  monkeypatch.setattr(recipe_lib, "RLLoop", _Recorded)
+  monkeypatch.setattr(recipe_build, "RLLoop", _Recorded)
   rc = dataclasses.replace(base, out_dir=str(tmp_path / "a"), export_hf=str(tmp_path / "hf"))
   recipe = recipe_lib.build_recipe(rc)
   precision = recipe.config.precision
@@ -48,7 +49,7 @@ def test_bf16_checkpoint_with_bf16_rollout(tmp_path, monkeypatch):
       "float32", "float32", "bfloat16")
   result = recipe_lib.run_recipe(recipe, messages=False)
   loop = _Recorded.last
-  masters = result.state.params
+  masters = result.run.state.params
   assert {x.dtype for x in jax.tree.leaves(masters)} == {jnp.dtype(jnp.float32)}
 
   # The weights the rollout engines got: the final masters cast to bfloat16, bit for bit.
@@ -56,7 +57,8 @@ def test_bf16_checkpoint_with_bf16_rollout(tmp_path, monkeypatch):
   want = jax.tree.map(lambda p: np.asarray(p).astype(jnp.bfloat16), masters)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(
       np.asarray(a).view(np.uint16), b.view(np.uint16)), published, want)
-  assert loop.rollout_mc.compute_dtype == "bfloat16" and loop.mc.param_dtype == "float32"
+  assert (loop.plan.rollout_model.compute_dtype, loop.plan.train_model.param_dtype) == (
+      "bfloat16", "float32")
 
   # Mismatch metrics per step; bf16 rollout vs fp32 training differ a little on every step.
   rows = [json.loads(line) for line in open(tmp_path / "a" / "metrics.jsonl")]
@@ -106,10 +108,10 @@ def test_bf16_checkpoint_with_bf16_rollout(tmp_path, monkeypatch):
   recipe_lib.run_recipe(recipe_lib.build_recipe(part), messages=False)
   rest = dataclasses.replace(base, out_dir=str(tmp_path / "b"))
   resumed = recipe_lib.run_recipe(recipe_lib.build_recipe(rest), resume=True, messages=False)
-  assert resumed.resumed_from == 2
+  assert resumed.run.resumed_from == 2
   with np.load(tmp_path / "b" / "final_params.npz") as npz:
     for k, v in npz.items():
       np.testing.assert_array_equal(v, saved[k], err_msg=k)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-               resumed.state.opt_state, result.state.opt_state)
+               resumed.run.state.opt_state, result.run.state.opt_state)
   assert os.path.exists(tmp_path / "b" / "checkpoints")

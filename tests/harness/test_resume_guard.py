@@ -60,7 +60,7 @@ def test_nothing_to_resume_says_so_and_resume_message_comes_first(tmp_path, caps
   out = str(tmp_path / "run")
   result = _run(resume=True, steps=1, out_dir=out)
   err = capsys.readouterr().err
-  assert "nothing to resume" in err and result.resumed_from is None
+  assert "nothing to resume" in err and result.run.resumed_from is None
   # corrupt the newest checkpoint of a 2-step run: the fallback is announced before step 3
   out2 = str(tmp_path / "run2")
   _run(steps=2, out_dir=out2)
@@ -73,7 +73,7 @@ def test_nothing_to_resume_says_so_and_resume_message_comes_first(tmp_path, caps
   seen = []
   rec.task.metrics_hook = lambda step, state, row: seen.append(capsys.readouterr().err)
   result = recipe_lib.run_recipe(rec, resume=True)
-  assert result.resumed_from == 1 and len(result.history) == 2
+  assert result.run.resumed_from == 1 and len(result.run.history) == 2
   assert "checkpoint at step 2 is unreadable" in seen[0] and "resumed from step 1" in seen[0]
   assert any(d.startswith("corrupt_2") for d in os.listdir(ck))
 
@@ -100,12 +100,12 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   assert f"last good checkpoint is step {bad - 1}" in str(e.value)
   assert not os.path.exists(os.path.join(out, "final_params.npz"))
   rec = recipe_lib.build_recipe(quick(steps=30, out_dir=out, progress=False))
-  from jaxrl_sys.train.loop.rl_loop import RLLoop
-  loop = RLLoop(rec.model.config, rec.train, rec.loop, rec.task, rec.model.tokenizer,
-                recipe_lib.recipe_mesh(rec.mesh_spec))
+  from jaxrl_sys.train.step.programs import train_programs
   from jaxrl_sys.train.step.state import state_shardings, with_shardings
-  target = with_shardings(loop.abstract, state_shardings(loop.abstract, loop.mc, loop.optimizer,
-                                                         loop.mesh))
+  plan, mesh = rec.plan, recipe_lib.recipe_mesh(rec.mesh_spec)
+  optimizer, _, abstract, _ = train_programs(plan.train_model, plan.train,
+                                             plan.precision.param_dtype, mesh)
+  target = with_shardings(abstract, state_shardings(abstract, plan.train_model, optimizer, mesh))
   ckpt = Checkpointer(CheckpointConfig(directory=ck))
   got = ckpt.restore(target)
   ckpt.close()

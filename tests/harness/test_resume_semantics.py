@@ -34,7 +34,7 @@ def test_resume_semantics(tmp_path, capsys):
   capsys.readouterr()
   result = _run(resume=True, steps=4, learning_rate=2e-3, out_dir=out)
   err = capsys.readouterr().err
-  assert result.resumed_from == 2
+  assert result.run.resumed_from == 2
   assert _steps(out) == [1, 2, 3, 4]  # step 3 replayed: one row, the new one
   assert "settings changed since the previous call: loop.steps 3 -> 4, optim.learning_rate " \
       "0.001 -> 0.002" in err

@@ -43,10 +43,10 @@ def test_output_path_that_is_a_file(tmp_path, flag):
 
 
 @pytest.mark.parametrize("kw,message", [
-    (dict(steps=0), "--steps=0: nothing to train"),
-    (dict(sft_steps=-5), "--sft_steps=-5 must be >= 0"),
-    (dict(eval_every=-1), "--eval_every=-1 must be >= 0"),
-    (dict(learning_rate=0.0), "--learning_rate=0.0 must be > 0"),
+    (dict(steps=0), "loop.steps=0: nothing to train"),
+    (dict(sft_steps=-5), "warmup.steps=-5 must be >= 0"),
+    (dict(eval_every=-1), "eval.every=-1 must be >= 0"),
+    (dict(learning_rate=0.0), "optim.learning_rate=0.0 must be > 0"),
     (dict(task="arithmetic", reward="m:f"), "--reward applies to data-set tasks"),
     (dict(model="tiny_moe", export_hf="/tmp/x"), "the tiny MoE preset has no Hugging Face"),
 ])
@@ -58,8 +58,8 @@ def test_numbers_and_combinations_are_checked(kw, message):
 def test_countdown_gets_its_own_defaults():
   """--task=countdown alone: no arithmetic arguments, and lengths that fit its problems."""
   recipe = recipe_lib.build_recipe(quick(task="countdown"))
-  rc, tok = recipe.config, recipe.model.tokenizer
-  assert rc.task_args == ""
+  rc, tok = recipe.config.loop, recipe.model.tokenizer
+  assert recipe.config.task.args == ""
   for i in range(200):
     p = recipe.task.problem(i)
     assert len(tok.encode(p.prompt, bos=True)) <= rc.max_prompt_len

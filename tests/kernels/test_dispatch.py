@@ -1,4 +1,5 @@
-"""Backend selection."""
+"""The kernels' Pallas helpers: interpret mode by backend, block sizes (the implementation
+choice itself is `jaxrl_sys.backend`'s: tests/test_backend.py)."""
 import jax
 import pytest
 
@@ -6,19 +7,11 @@ from jaxrl_sys.kernels import dispatch
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason=(
-    "asserts the CPU's choices (XLA for 'auto', Pallas in interpret mode); "
+    "asserts the CPU's choice (Pallas in interpret mode); "
     "tests/test_backend.py checks every backend's"))
-def test_resolve_impl_on_cpu():
-  assert dispatch.resolve_impl("auto") == "xla"
-  assert dispatch.resolve_impl("pallas") == "pallas"
-  assert dispatch.resolve_impl("xla") == "xla"
+def test_interpret_mode_on_cpu():
   assert dispatch.default_interpret()
   assert dispatch.resolve_interpret(None) and not dispatch.resolve_interpret(False)
-
-
-def test_resolve_impl_rejects_unknown():
-  with pytest.raises(ValueError, match="impl"):
-    dispatch.resolve_impl("triton")
 
 
 @pytest.mark.parametrize("req,extent,expected", [(64, 37, 64), (64, 300, 64), (128, 5, 16),

@@ -18,9 +18,9 @@ def test_every_notebook_is_tested_and_installs_itself():
 
 def test_quickstart_trains_and_draws_the_reward_curve(tmp_path):
   nb, v = run_notebook("01_quickstart_grpo.ipynb", str(tmp_path), probe=(
-      "dict(rewards=[h['reward_mean'] for h in result.history], "
-      "evals=[h['eval_reward'] for h in result.history if 'eval_reward' in h], "
-      "run_dir=recipe.config.out_dir)"))
+      "dict(rewards=[h['reward_mean'] for h in result.run.history], "
+      "evals=[h['eval_reward'] for h in result.run.history if 'eval_reward' in h], "
+      "run_dir=recipe.config.output.out_dir)"))
   assert len(v["rewards"]) == 8 and all(0 <= r <= 1 for r in v["rewards"])
   # issue 44: small mode showed the reward falling (0.06 -> 0.00); after the warm-up it starts
   # mid-range and does not fall

@@ -31,7 +31,7 @@ def test_policy_resolves_per_backend_and_names_bad_values():
   mixed = PrecisionConfig(rollout_dtype="bfloat16").resolve("cpu")
   assert (mixed.compute_dtype, mixed.rollout_dtype) == ("float32", "bfloat16")
   assert "masters + moments float32" in mixed.describe() and "rollout bfloat16" in mixed.describe()
-  with pytest.raises(ValueError, match="--compute_dtype='float16'"):
+  with pytest.raises(ValueError, match="precision.compute_dtype='float16'"):
     PrecisionConfig(compute_dtype="float16")
   with pytest.raises(ValueError, match="accum_dtype"):
     PrecisionConfig(accum_dtype="bfloat16")

@@ -1,7 +1,7 @@
-"""The generation engine (JAX): `Engine`, its `EngineConfig` / `EngineStats` (`config`), the
-jitted device functions (`slots`), and `InProcessRollout` (one engine as a RolloutClient)."""
+"""The generation engine (JAX): `Engine`, its `EngineConfig` / `EngineStats` (`config`), and the
+jitted device functions (`slots`). A rollout session over engines is built by
+`rollout.setup.factory.make_client` (a manager over in-process, thread or Ray workers)."""
 from jaxrl_sys.rollout.engine.config import EngineConfig, EngineStats
 from jaxrl_sys.rollout.engine.engine import Engine
-from jaxrl_sys.rollout.engine.inprocess import InProcessRollout
 
-__all__ = ["Engine", "EngineConfig", "EngineStats", "InProcessRollout"]
+__all__ = ["Engine", "EngineConfig", "EngineStats"]

@@ -2,7 +2,7 @@
 `WorkerLost`, `Worker`; numpy only) and its engine-side implementations, imported on first
 access: `WorkerServer` / `InProcessWorker` (`server`), `ThreadWorker` (`thread`), Ray actors
 (`ray`, imports Ray)."""
-from jaxrl_sys.rollout._lazy import lazy_attributes
+from jaxrl_sys._lazy import lazy_attributes
 from jaxrl_sys.rollout.workers.protocol import Commands, Worker, WorkerLost, WorkerReport
 
 _NAMES = {

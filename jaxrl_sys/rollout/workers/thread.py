@@ -9,7 +9,7 @@ every time), while the engines compute at the same time.
 Why: on a CPU host one engine's decode step is a chain of small ops, and XLA keeps about 1.3 of
 two cores busy over it (a tiny Qwen3-MoE at 64 sequences). Two engines of 32 slots each on
 two threads fill the idle time: the peer workload's rollout went 0.353 -> 0.309 s (MoE) and
-0.224 -> 0.183 s (dense). `train.loop.local_client.default_client` splits the in-process slots
+0.224 -> 0.183 s (dense). `rollout.setup.local.thread_client` splits the in-process slots
 over two of them on CPU hosts when each keeps at least 32 slots.
 """
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The host RL loop: everything with side effects between a rollout and a train step.
 
 `rl_loop.RLLoop` (prompts -> rollout -> rewards -> advantages -> step -> publish -> checkpoint),
-`buffer` (in-flight groups), `groups` (requests and scoring), `guard` (divergence),
-`checkpoint` / `compat` (orbax saves and resume checks), `metrics_log` (metrics, progress,
-plots), `evaluate` / `periodic_eval` (held-out rewards), `supervised` (the warm-up),
-`distributed` (joining a multi-process JAX job, the liveness watchdog), `multihost` (each
-process's rows of a batch, the per-step collectives) and `step_stats` (a step's host-side
-rollout statistics).
+`plan` (`RunPlan`: the run's arithmetic, computed once), `local_step` / `process_group` (one
+train step in one process, or this process's rows of it over several), `buffer` (in-flight
+groups), `groups` (requests and scoring), `guard` (divergence), `checkpoint` / `compat` (orbax
+saves and resume checks), `metrics_log` (metrics, progress, plots), `evaluate` /
+`periodic_eval` (held-out rewards), `supervised` (the warm-up), `step_stats` (a step's
+host-side rollout statistics) and `stop_signals` (SIGTERM / SIGINT). The loop is handed its
+rollout session (`rollout.types.RolloutSession`) and never builds one.
 """

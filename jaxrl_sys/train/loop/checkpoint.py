@@ -320,7 +320,7 @@ class Checkpointer:
     """Renames a bad step directory aside so a later save of that step does not collide
     (several processes: process 0 renames, the others wait for it)."""
     if jax.process_count() > 1:
-      from jaxrl_sys.train.loop import multihost  # pylint: disable=import-outside-toplevel
+      from jaxrl_sys.train.multihost import collectives as multihost  # pylint: disable=import-outside-toplevel
       moved = multihost.share_from_main(f"quarantine/{step}", lambda: self._rename_aside(step))
       multihost.sync(f"quarantine_{step}")
       self._mngr.reload()

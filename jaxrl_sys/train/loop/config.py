@@ -1,10 +1,13 @@
 """Frozen configuration of the host RL loop (`LoopConfig`: modes, batch sizes, staleness) and
 of its checkpoints (`CheckpointConfig`: the orbax manager). Each validates itself in
-`__post_init__` with messages that name the bad value.
+`__post_init__` with messages that name the bad value. The loop's rules on its settings
+(`extra_groups`: APRIL over-provisioning; `check_lengths`: prompt + response within the
+context) live beside them.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 MODES = ("sync", "one_off", "async")
 
@@ -33,9 +36,9 @@ class CheckpointConfig:
 
   def __post_init__(self):
     if self.save_every < 0:
-      raise ValueError(f"--save_every={self.save_every} must be >= 0")
+      raise ValueError(f"checkpoint.save_every={self.save_every} must be >= 0")
     if self.keep < 1:
-      raise ValueError(f"--keep_checkpoints={self.keep} must be >= 1 (keep-last-K)")
+      raise ValueError(f"checkpoint.keep={self.keep} must be >= 1 (keep-last-K)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,30 +93,30 @@ class LoopConfig:
 
   def __post_init__(self):
     if self.mode not in MODES:
-      raise ValueError(f"unknown mode {self.mode!r}; choose one of {MODES}")
+      raise ValueError(f"unknown loop.mode {self.mode!r}; choose one of {MODES}")
     if self.steps < 1:
-      raise ValueError(f"--steps={self.steps}: nothing to train; give --steps >= 1")
+      raise ValueError(f"loop.steps={self.steps}: nothing to train; give loop.steps >= 1")
     if self.prompts_per_step < 1:
-      raise ValueError(f"--prompts_per_step={self.prompts_per_step} must be >= 1")
+      raise ValueError(f"loop.prompts_per_step={self.prompts_per_step} must be >= 1")
     if self.micro_batch_groups < 1:
-      raise ValueError(f"--micro_batch_groups={self.micro_batch_groups} must be >= 1")
+      raise ValueError(f"loop.micro_batch_groups={self.micro_batch_groups} must be >= 1")
     if self.max_staleness < 0:
-      raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+      raise ValueError(f"loop.max_staleness must be >= 0, got {self.max_staleness}")
     if self.mode != "async" and self.max_staleness:
-      raise ValueError(f"max_staleness={self.max_staleness} needs mode='async'")
+      raise ValueError(f"loop.max_staleness={self.max_staleness} needs loop.mode='async'")
     for name in ("max_new_tokens", "max_prompt_len"):
       if getattr(self, name) is not None and getattr(self, name) < 1:
-        raise ValueError(f"--{name}={getattr(self, name)} must be >= 1")
+        raise ValueError(f"loop.{name}={getattr(self, name)} must be >= 1")
     if not self.temperature > 0:
-      raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
+      raise ValueError(f"loop.temperature must be > 0 for RL sampling, got {self.temperature}")
     if self.oversample < 1:
-      raise ValueError(f"oversample must be >= 1, got {self.oversample}")
+      raise ValueError(f"loop.oversample must be >= 1, got {self.oversample}")
     if not (self.poll_timeout > 0 and self.stall_timeout > 0):
-      raise ValueError("--loop.poll_timeout and --loop.stall_timeout must be > 0")
+      raise ValueError("loop.poll_timeout and loop.stall_timeout must be > 0")
     if not self.log_every >= 1:
-      raise ValueError(f"--loop.log_every={self.log_every} must be >= 1")
+      raise ValueError(f"loop.log_every={self.log_every} must be >= 1")
     if self.local_workers < 0:
-      raise ValueError(f"local_workers must be >= 0 (0 = auto), got {self.local_workers}")
+      raise ValueError(f"loop.local_workers must be >= 0 (0 = auto), got {self.local_workers}")
 
   @property
   def staleness(self) -> int:
@@ -127,3 +130,20 @@ class LoopConfig:
       raise ValueError("max_prompt_len and max_new_tokens are None (left to the recipe): give "
                        "both to a loop that runs without `recipe.build_recipe`")
     return self.max_prompt_len + self.max_new_tokens
+
+
+def extra_groups(loop: LoopConfig) -> int:
+  """Groups admitted beyond B per step: APRIL over-provisioning, ceil(B * oversample) - B in
+  sync / one_off modes (async admits by staleness instead: 0)."""
+  if loop.mode == "async":
+    return 0
+  return int(math.ceil(loop.prompts_per_step * loop.oversample)) - loop.prompts_per_step
+
+
+def check_lengths(max_seq_len: int, loop: LoopConfig) -> None:
+  """Raises ValueError when the prompt bucket plus the response budget exceed the context
+  `max_seq_len` (the model's)."""
+  if loop.seq_len > max_seq_len:
+    raise ValueError(
+        f"prompt longer than the context: max_prompt_len {loop.max_prompt_len} + max_new_tokens "
+        f"{loop.max_new_tokens} = {loop.seq_len} > the model's max_seq_len {max_seq_len}")

@@ -25,7 +25,7 @@ def encode_prompt(tokenizer, text: str, max_prompt_len: int) -> np.ndarray:
   ids = np.asarray(tokenizer.encode(text, bos=True), np.int32)
   if len(ids) > max_prompt_len:
     templated = " with the model's chat template applied (--nochat_template feeds the raw " \
-        "text)" if getattr(tokenizer, "uses_chat_template", False) else ""
+        "text)" if tokenizer.uses_chat_template else ""
     raise ValueError(f"prompt longer than the context: {text!r} has {len(ids)} tokens"
                      f"{templated} but max_prompt_len={max_prompt_len} (raise --max_prompt_len, "
                      "within the model's max_seq_len minus max_new_tokens)")

@@ -12,6 +12,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 import jax
+import numpy as np
 
 from jaxrl_sys.models import ModelConfig
 
@@ -281,10 +282,32 @@ def plot_history(history: Sequence[Mapping[str, Any]], path: str,
   return path
 
 
-def client_counters(client) -> dict:
-  """The client's cumulative rollout counters (`RolloutManager.metrics()`), or {}."""
-  fn = getattr(client, "metrics", None)
-  return dict(fn()) if callable(fn) else {}
+def step_row(metrics: Mapping[str, Any], stats, *, version: int, t_roll: float, t_train: float,
+             t_step: float, devices: int, flops_per_token: float, next_prompt: int) -> dict:
+  """One step's metrics row: the step's device metrics (host values) plus the rollout
+  statistics of its groups (`step_stats.StepStats`), timings, throughputs and MFU; `version` is
+  the weight version the step trained from."""
+  rewards, lengths, stopped, versions = (stats.rewards, stats.lengths, stats.stopped,
+                                         stats.versions)
+  gen_tokens = int(lengths.sum())
+  trained = stats.trained_positions
+  row = {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist())
+         for k, v in metrics.items()}
+  row.update(
+      reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
+      reward_max=float(rewards.max()), response_len_mean=float(lengths.mean()),
+      response_len_max=float(lengths.max()), stop_frac=float(stopped.mean()),
+      zero_variance_frac=stats.zero_variance / max(len(stats.group_ids), 1),
+      off_policy_token_frac_host=float((versions < version).mean()) if versions.size else 0.0,
+      token_staleness_max=int(version - versions.min()) if versions.size else 0,
+      time_rollout=t_roll, time_train=t_train, time_step=t_step,
+      tokens_per_s=gen_tokens / max(t_step, 1e-9),
+      rollout_tokens_per_s=gen_tokens / max(t_roll, 1e-9),
+      train_positions=trained,
+      train_tokens_per_s=trained / max(t_train, 1e-9),
+      mfu=flops_per_token * trained / max(t_train, 1e-9) / (peak_flops() * devices),
+      next_prompt=next_prompt)
+  return row
 
 
 def rollout_metrics(before: dict, after: dict) -> dict:

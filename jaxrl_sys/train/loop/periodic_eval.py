@@ -1,19 +1,18 @@
 """Periodic evaluation during a run: mean reward on held-out prompts every N steps.
 
 `PeriodicEval` is an `RLLoop` step hook: every `every` steps (and at the last step) it samples
-`samples` completions of each held-out problem with the current parameters, through its own
-in-process rollout client (created once, weights republished each time), and adds
-`eval_reward` to the step's metrics row (so it reaches metrics.jsonl, TensorBoard and the plot).
-Keys and prompts are the same every time, so the curve measures the policy, not the draw.
+`plan.eval_samples` completions of each held-out problem with the current parameters, through
+the evaluation's rollout session (built once by the caller, weights republished each time), and
+adds `eval_reward` to the step's metrics row (so it reaches metrics.jsonl, TensorBoard and the
+plot). Keys and prompts are the same every time, so the curve measures the policy, not the draw.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from jaxrl_sys.models import ModelConfig
-from jaxrl_sys.train.loop.config import LoopConfig
+from jaxrl_sys.rollout.types import RolloutSession
 from jaxrl_sys.train.loop.evaluate import evaluate
-from jaxrl_sys.train.loop.local_client import default_client
+from jaxrl_sys.train.loop.plan import RunPlan
 
 # Problem indices of the held-out set of a synthetic task (training uses 0, 1, ...; the
 # supervised warm-up starts at 1_000_000).
@@ -24,47 +23,31 @@ class PeriodicEval:
   """See the module docstring.
 
   Args:
-    model_config: the model.
+    client: the evaluation's rollout session (its builder closes it).
     task, tokenizer: the held-out task and its tokenizer.
     indices: problem indices of the held-out set.
-    loop_config: sampling settings and engine size (as in training).
-    every: evaluate when `step % every == 0` (0 disables), and at `loop_config.steps`.
-    samples: completions per problem.
+    plan: the run's plan (sampling settings, completions per problem, the run's last step).
+    every: evaluate when `step % every == 0` (0 disables), and at `plan.loop.steps`.
     seed: sampling seed of the evaluation requests.
     progress: optional `metrics_log.Progress` for the phase label.
   """
 
-  def __init__(self, model_config: ModelConfig, task, tokenizer, indices: Sequence[int], *,
-               loop_config: LoopConfig, every: int, samples: int = 4, seed: int = 1234,
-               progress=None):
+  def __init__(self, client: RolloutSession, task, tokenizer, indices: Sequence[int], *,
+               plan: RunPlan, every: int, seed: int = 1234, progress=None):
     if every < 0:
-      raise ValueError(f"--eval_every must be >= 0, got {every}")
-    self.mc, self.task, self.tok = model_config, task, tokenizer
+      raise ValueError(f"PeriodicEval: every must be >= 0 (0 = off), got {every}")
+    self.client, self.task, self.tok, self.plan = client, task, tokenizer, plan
     self.indices = [int(i) for i in indices]
-    self.lc, self.every, self.samples, self.seed = loop_config, every, samples, seed
-    self.progress = progress
-    self._client = None
-
-  def close(self) -> None:
-    """Ends the evaluation client (its worker and weight store), if one was started."""
-    close = getattr(self._client, "close", None)
-    if callable(close):
-      close()
-    self._client = None
+    self.every, self.seed, self.progress = every, seed, progress
 
   def due(self, step: int) -> bool:
-    return bool(self.every) and (step % self.every == 0 or step == self.lc.steps)
+    return bool(self.every) and (step % self.every == 0 or step == self.plan.loop.steps)
 
   def __call__(self, step: int, state: Any, row: dict) -> None:
     if not self.due(step):
       return
     if self.progress is not None:
       self.progress.phase(f"evaluating ({len(self.indices)} prompts)")
-    if self._client is None:
-      # Version 0 here; each evaluation publishes the (newer) step as the version.
-      self._client = default_client(self.mc, state.params, self.lc, self.tok.eos_id, 0,
-                                    self.samples, moe_state=state.moe_state)
-    row["eval_reward"] = evaluate(state.params, self.mc, self.task, self.tok, self.indices,
-                                  loop_config=self.lc, samples=self.samples, seed=self.seed,
-                                  client=self._client, moe_state=state.moe_state,
+    row["eval_reward"] = evaluate(self.client, state.params, self.task, self.tok, self.indices,
+                                  plan=self.plan, seed=self.seed, moe_state=state.moe_state,
                                   version=step)

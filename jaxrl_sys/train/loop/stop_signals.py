@@ -53,18 +53,34 @@ class StopSignals:
     self.name: str | None = None  # the signal that asked to stop
     self.abort: str | None = None  # set by a second SIGINT
     self._critical = 0
+    self._depth = 0
     self._old: dict | None = None
 
   def install(self) -> None:
-    """Installs the handlers (main thread only; elsewhere `request_stop` is the way)."""
-    if threading.current_thread() is threading.main_thread():
+    """Installs the handlers (main thread only; elsewhere `request_stop` is the way). Calls
+    nest: the handlers stay until the outermost `restore`."""
+    self._depth += 1
+    if self._depth == 1 and threading.current_thread() is threading.main_thread():
       self._old = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
 
   def restore(self) -> None:
-    if self._old is not None and threading.current_thread() is threading.main_thread():
+    self._depth = max(self._depth - 1, 0)
+    if (self._depth == 0 and self._old is not None
+        and threading.current_thread() is threading.main_thread()):
       for s, h in self._old.items():
         signal.signal(s, h)
       self._old = None
+
+  @contextlib.contextmanager
+  def installed(self):
+    """The handlers installed for the block (e.g. a run and the closing of what it used, so
+    that a Ctrl-C while the rollout workers shut down is the run's second SIGINT, not a
+    KeyboardInterrupt anywhere)."""
+    self.install()
+    try:
+      yield self
+    finally:
+      self.restore()
 
   def _handle(self, signum, frame) -> None:  # pylint: disable=unused-argument
     name = signal.Signals(signum).name

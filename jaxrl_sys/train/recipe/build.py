@@ -1,12 +1,15 @@
 """The end-to-end GRPO recipe behind `python -m experiments.grpo`: a `RunConfig` -> built
-pieces (`build_recipe`) -> a run in its own directory (`run_recipe`).
+pieces (`build_recipe`, here) -> a run in its own directory (`recipe.run.run_recipe`).
 
 Default: a tiny dense model on 1-digit addition, a short supervised warm-up that leaves the
 reward mid-range, then GRPO; it learns visibly in about a minute on a 2-core CPU.
 `build_recipe` validates everything (mesh, algorithm, group size, lengths, task, reward,
 model files) before any work and fills the task- and model-dependent defaults (`None` fields);
-it is the one place that turns run settings into the step's, the loop's and rollout's configs;
-`run_recipe` runs it in its run directory (see `train.run_dir`).
+it is the one place that turns run settings into the run's plan (`loop.plan.RunPlan`: the
+step's, the loop's and rollout's configs and the arithmetic they share). The pieces a run is
+made of are built from a recipe here, each in one place: the rollout sessions
+(`rollout_session`, `eval_session`, through `rollout.setup.factory.make_client`) and the loop
+(`make_loop`); `run_recipe` runs them in the run directory (see `recipe.run_dir`).
 
 Bring your own task and model from Python:
 
@@ -21,52 +24,46 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
-import os
-import re
 from typing import Any
 
 import jax
 
 from jaxrl_sys import backend
-from jaxrl_sys.models import init_params
-from jaxrl_sys.sharding import MeshSpec, make_mesh, parse_mesh
+from jaxrl_sys.rollout.clock import WALL, Clock
+from jaxrl_sys.rollout.setup.factory import make_client
+from jaxrl_sys.rollout.setup.spec import ClientOptions, RolloutSetup
+from jaxrl_sys.rollout.types import RolloutSession
+from jaxrl_sys.sharding import DEFAULT_RULES, MeshSpec, parse_mesh
 from jaxrl_sys.tasks import CountingTask, DatasetTask, make_task, parse_task_spec
 from jaxrl_sys.tasks.dataset import unknown_characters_note
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
-from jaxrl_sys.train.step.config import TrainConfig
-from jaxrl_sys.train.recipe import limits
-from jaxrl_sys.train.recipe.config_file import (HISTORY_KEY, WriteOnce, reproducible,
-                                                settings_history)
 from jaxrl_sys.train.loop.groups import encode_prompt
-from jaxrl_sys.train.loop.guard import DivergenceError
-from jaxrl_sys.train.loop import multihost
-from jaxrl_sys.train.loop.rl_loop import RLLoop, RunResult
-from jaxrl_sys.train.loop.local_client import check_lengths, default_engine_config
-from jaxrl_sys.train.loop.metrics_log import Progress, plot_history
-from jaxrl_sys.train.loop.periodic_eval import SYNTHETIC_EVAL_START, PeriodicEval
+from jaxrl_sys.train.loop.periodic_eval import SYNTHETIC_EVAL_START
+from jaxrl_sys.train.loop.plan import RunPlan
+from jaxrl_sys.train.loop.rl_loop import RLLoop
+from jaxrl_sys.train.recipe import limits
 from jaxrl_sys.train.recipe.presets import LoadedModel, load_model
-from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup, ray_client
 from jaxrl_sys.train.recipe.run_config import RecipeConfig, RunConfig
-from jaxrl_sys.train.recipe.run_dir import (RESUME_OVERWRITE, check_directory_path,
-                                            check_export_dir, claim_checkpoint_dir,
-                                            claim_run_dir, describe_outputs,
-                                            mark_export_dir, save_params, write_json)
-from jaxrl_sys.train.loop.supervised import supervised_warmup
-
-log = logging.getLogger(__name__)
+from jaxrl_sys.train.recipe.run_dir import check_directory_path
+from jaxrl_sys.train.step.config import TrainConfig
+from jaxrl_sys.train.step.programs import train_programs
 
 # Built-in tasks: (task_args, max_prompt_len, max_new_tokens) used when the config leaves them
 # None. The tiny presets' warm-up steps when `sft_steps` is None (a user's model gets none).
 TASK_DEFAULTS = {"arithmetic": ("num_digits=1,ops=+", 8, 4), "countdown": ("", 16, 8)}
 PRESET_SFT_STEPS = 60
-# Identity of a run for `--resume` (CheckpointConfig.identity): what is trained, and on what
-# (short setting names, as checkpoints written before the config tree recorded them).
-IDENTITY_KEYS = ("model", "algo", "task", "task_args", "reward", "group_size",
-                 "prompts_per_step", "mode", "max_staleness", "max_new_tokens", "max_prompt_len",
-                 "temperature", "kl_coef", "seed", "chat_template", "oversample",
-                 "skip_nonfinite", "param_dtype", "compute_dtype", "rollout_dtype",
-                 "behav_weight_cap")
+# Identity of a run for `--resume` (CheckpointConfig.identity): what is trained, and on what;
+# recorded under short keys, as checkpoints written before the config tree recorded them.
+IDENTITY = {
+    "model": "model.name", "algo": "train.algo", "task": "task.name", "task_args": "task.args",
+    "reward": "task.reward", "group_size": "loop.group_size",
+    "prompts_per_step": "loop.prompts_per_step", "mode": "loop.mode",
+    "max_staleness": "loop.max_staleness", "max_new_tokens": "loop.max_new_tokens",
+    "max_prompt_len": "loop.max_prompt_len", "temperature": "loop.temperature",
+    "kl_coef": "train.kl_coef", "seed": "loop.seed", "chat_template": "model.chat_template",
+    "oversample": "loop.oversample", "skip_nonfinite": "optim.skip_nonfinite",
+    "param_dtype": "precision.param_dtype", "compute_dtype": "precision.compute_dtype",
+    "rollout_dtype": "precision.rollout_dtype", "behav_weight_cap": "train.behav_weight_cap"}
 
 
 def parse_task_args(text: str) -> dict[str, Any]:
@@ -88,30 +85,35 @@ def parse_task_args(text: str) -> dict[str, Any]:
 
 @dataclasses.dataclass
 class Recipe:
-  """Built objects: the config with its defaults filled in, mesh, model (config, tokenizer,
-  params or None), the training task (reward failures counted), the held-out task and its
-  problem indices, configs, notes (e.g. prompts dropped for length; shown when the run
-  starts)."""
+  """Built objects: the config with its defaults filled in, the mesh's shape, the model
+  (config in the training dtypes, tokenizer, params or None), the training task (reward
+  failures counted), the run's plan, the checkpoint config (with the run's identity), the
+  held-out task and its problem indices, notes (e.g. prompts dropped for length; shown when
+  the run starts)."""
   config: RunConfig
   mesh_spec: MeshSpec
   model: LoadedModel
   task: Any
-  train: TrainConfig
-  loop: LoopConfig
+  plan: RunPlan
   checkpoint: CheckpointConfig
-  rollout: RolloutSetup
   eval_task: Any = None
   eval_indices: tuple[int, ...] = ()
   notes: list[str] = dataclasses.field(default_factory=list)
 
+  @property
+  def train(self) -> TrainConfig:
+    """The step's config (`plan.train`)."""
+    return self.plan.train
 
-@dataclasses.dataclass
-class RecipeResult(RunResult):
-  """`RunResult` plus where the outputs went: run_dir (None without out_dir), outputs (one
-  line per artefact), notes (end-of-run remarks such as reward failures)."""
-  run_dir: str | None = None
-  outputs: list[str] = dataclasses.field(default_factory=list)
-  notes: list[str] = dataclasses.field(default_factory=list)
+  @property
+  def loop(self) -> LoopConfig:
+    """The loop's settings, lengths filled in (`plan.loop`)."""
+    return self.plan.loop
+
+  @property
+  def rollout(self) -> RolloutSetup:
+    """Where rollout runs (`config.rollout`)."""
+    return self.config.rollout
 
 
 def _build_task(rc: RunConfig, task_args: dict) -> Any:
@@ -155,7 +157,7 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
       prompt longer than the context, unknown model or task, missing model files, a reward
       that cannot be imported, out-of-range numbers, output paths that are files).
   """
-  rc = rc.run_config() if hasattr(rc, "run_config") else rc
+  rc = rc.run_config() if isinstance(rc, RecipeConfig) else rc
   spec = parse_mesh(rc.distributed.mesh)
   precision = rc.precision.resolve()  # "auto" -> this backend's dtypes, recorded as resolved
   rc = dataclasses.replace(rc, precision=precision)
@@ -206,243 +208,63 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   elif rc.warmup.steps and not has_answers:
     raise ValueError(f"--sft_steps={rc.warmup.steps}: the supervised warm-up trains on "
                      "reference answers, and the task's rows have none; pass --sft_steps=0")
-  train = rc.train.train_config(rc.optim, rc.loop)
-  check_lengths(model.config, rc.loop)
-  samples = rc.loop.group_size + int(train.advantage.baseline == "median")
+  plan = RunPlan.derive(model.config, rc.train.train_config(rc.optim, rc.loop), rc.loop,
+                        rc.precision, model.tokenizer.eos_id, mesh=spec,
+                        processes=jax.process_count())
+  if plan.processes > 1 and rc.rollout.rollout != "local":
+    raise ValueError(f"rollout.rollout={rc.rollout.rollout} with {plan.processes} processes: a "
+                     "multi-process run uses each process's own co-located engine; use "
+                     "rollout.rollout=local (Ray rollout is single-process only)")
   limits.check_memory(model.config, min(rc.loop.micro_batch_groups, rc.loop.prompts_per_step)
-                      * samples, rc.loop.seq_len, jax.devices()[0])
+                      * plan.samples_per_group, plan.seq_len, jax.devices()[0])
   encode_prompt(model.tokenizer, task.problem(0).prompt, rc.loop.max_prompt_len)  # fail early
-  identity = {k: rc.get(k) for k in IDENTITY_KEYS}
-  identity.update(kl_coef=train.loss.kl_coef, eval_split=n_eval if dataset and rc.eval.every
-                  else 0)
+  identity = {key: rc.get(path) for key, path in IDENTITY.items()}
+  identity.update(kl_coef=plan.train.loss.kl_coef,
+                  eval_split=n_eval if dataset and rc.eval.every else 0)
   ckpt = dataclasses.replace(rc.checkpoint, identity=json.loads(json.dumps(identity)))
-  return Recipe(rc, spec, model, CountingTask(task), train, rc.loop, ckpt, rc.rollout,
-                eval_task, eval_indices, notes)
+  return Recipe(rc, spec, model, CountingTask(task), plan, ckpt, eval_task, eval_indices, notes)
 
 
-def recipe_mesh(spec: MeshSpec) -> jax.sharding.Mesh:
-  """The mesh on the default backend, or on CPU devices when the accelerator has too few
-  (CPU devices are faked by `--xla_force_host_platform_device_count`)."""
-  if jax.process_count() > 1:  # the mesh spans every process's devices, each a block of it
-    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-    if spec.size != len(devices):
-      raise ValueError(
-          f"--mesh={spec} has {spec.size} devices but the {jax.process_count()} processes hold "
-          f"{len(devices)} ({jax.local_device_count()} each): a multi-process mesh uses every "
-          "device; on CPU each process fakes mesh size / --num_processes devices")
-    return make_mesh(spec, devices)
-  devices = backend.mesh_devices(spec.size)
-  if devices[0].platform == "cpu" and backend.platform() != "cpu":
-    log.warning("mesh %s needs %d devices, %d %s present: using %d CPU devices", spec,
-                spec.size, len(jax.devices()), backend.platform(), spec.size)
-  return make_mesh(spec, devices)
+# The evaluation always generates in-process, whatever runs the training rollout.
+_IN_PROCESS = RolloutSetup()
 
 
-def run_name(rc: RunConfig) -> str:
-  """A directory-name prefix for the run ("grpo-arithmetic", "grpo-prompts.jsonl", ...)."""
-  task = os.path.basename(rc.task.name.split(":", 1)[-1].rstrip("/")) or "task"
-  return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{rc.train.algo}-{task}")
-
-
-def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -> RecipeResult:
-  """Warm-up (fresh runs only), GRPO, final artefacts in the run directory (`out_dir`).
+def rollout_session(recipe: Recipe, *, warmup: bool = False, clock: Clock = WALL
+                    ) -> RolloutSession:
+  """The training rollout session of `recipe` (`make_client`: in-process engines, or Ray
+  workers with `--rollout=ray`), with no weights yet; the caller closes it.
 
   Args:
     recipe: from `build_recipe`.
-    resume: continue from the newest usable checkpoint (see `train.loop.checkpoint`).
-    messages: print the run's messages (run directory, resume decisions) on stderr.
-
-  Raises:
-    ValueError: the run directory holds another run (without `overwrite` / `resume`), both
-      `overwrite` and `resume`, a non-empty `export_hf` (checked first), a checkpoint of
-      another configuration (`CheckpointMismatchError`), every checkpoint unreadable, or
-      `steps` below the resumed step.
-    run_lock.RunDirLockedError: a live run holds the run directory or the external
-      `--checkpoint_dir`.
-    DivergenceError: a non-finite loss or gradient (metrics and plot are still written).
-    loop.stop_signals.RunInterrupted: a second SIGINT (the save in flight was flushed).
+    warmup: compile every prefill / decode shape of the in-process engines before the first
+      request (no compilation stalls mid-run; slower start).
+    clock: the session's time source.
   """
-  rc = recipe.config
-  if resume and rc.output.overwrite:
-    raise ValueError(RESUME_OVERWRITE)
-  if jax.process_count() > 1 and recipe.rollout.rollout != "local":
-    raise ValueError(f"--rollout={recipe.rollout.rollout} with {jax.process_count()} "
-                     "processes: a multi-process run uses each process's own co-located "
-                     "engine; use --rollout=local (Ray rollout is single-process only)")
-  # Several processes: process 0 alone claims and writes the run's files (the checkpoints
-  # excepted); its errors are raised by every process.
-  main = multihost.is_main()
-  progress = Progress(rc.loop.steps, rc.output.progress and main, messages=messages and main)
-  run_dir = None
-  locks = []  # the run directory's, then an external checkpoint directory's
-
-  def claim():
-    path = None
-    if rc.output.out_dir:
-      path, lock = claim_run_dir(rc.output.out_dir, overwrite=rc.output.overwrite,
-                                 resume=resume, message=progress.message)
-      locks.append(lock)
-    ckpt_lock = claim_checkpoint_dir(rc.checkpoint.directory, path, message=progress.message)
-    locks.extend([ckpt_lock] if ckpt_lock else [])
-    check_export_dir(rc.output.export_hf, path, overwrite=rc.output.overwrite, resume=resume)
-    return path
-
-  try:
-    run_dir = multihost.run_on_main(claim, "prepare the run directory")
-    if run_dir is None and rc.output.out_dir:
-      run_dir = os.path.abspath(os.path.expanduser(rc.output.out_dir))
-    return _run_claimed(recipe, resume, run_dir, progress)
-  except BaseException:
-    progress.close()
-    raise
-  finally:
-    for lock in reversed(locks):
-      lock.release()
+  plan = recipe.plan
+  options = ClientOptions(local_workers=plan.loop.local_workers, warmup=warmup,
+                          seed=plan.loop.seed,
+                          compile_cache=jax.config.jax_compilation_cache_dir or None)
+  return make_client(recipe.rollout, plan.rollout_model, plan.engine, options=options,
+                     clock=clock)
 
 
-def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
-                 progress: Progress) -> RecipeResult:
-  """`run_recipe` once the run directory is held."""
-  rc, mc, tok = recipe.config, recipe.model.config, recipe.model.tokenizer
-  main = multihost.is_main()
-  ckpt = recipe.checkpoint
-  if ckpt.directory is None and run_dir is not None:
-    ckpt = dataclasses.replace(ckpt, directory=os.path.join(run_dir, "checkpoints"))
-  config_path = run_dir and os.path.join(run_dir, "config.json")
-  config_hooks = []
-  for note in recipe.notes:
-    progress.message(f"note: {note}")
-  settings = reproducible(rc)
-  if run_dir is not None and main:
-    progress.message(f"run directory: {run_dir}")
-    settings[HISTORY_KEY], changed = settings_history(config_path, settings, resume=resume)
-    if changed:
-      progress.message("settings changed since the previous call: " + ", ".join(
-          f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items()))
-    if resume and os.path.exists(config_path):
-      # written once the checkpoint is restored (a refused resume leaves the file as it was)
-      config_hooks.append(WriteOnce(config_path, settings))
-    else:
-      write_json(config_path, settings)
-  progress.message(rc.precision.describe())
-  warm = recipe.train.optim.warmup_steps
-  if warm and not resume:
-    progress.message(f"learning rate: linear warm-up from 0 to {recipe.train.optim.learning_rate:g}"
-                     f" over steps 1-{warm + 1} (step 1 trains at 0; --lr_warmup_steps=0 "
-                     "starts at the full rate)")
-  mesh = recipe_mesh(recipe.mesh_spec)
-
-  def init():
-    params = recipe.model.params
-    if params is None:
-      params = init_params(mc, jax.random.PRNGKey(rc.loop.seed))  # jitted
-    if rc.warmup.steps:
-      progress.phase(f"supervised warm-up ({rc.warmup.steps} steps)")
-    seq = rc.loop.seq_len
-    params = supervised_warmup(params, mc, recipe.task, tok, steps=rc.warmup.steps,
-                               batch_size=rc.warmup.batch_size,
-                               learning_rate=rc.warmup.learning_rate, seq_len=seq)
-    # Several processes: the same host values on each, placed on the global mesh from there.
-    return jax.device_get(params) if jax.process_count() > 1 else params
-
-  hooks = [recipe.task.metrics_hook] if isinstance(recipe.task, CountingTask) else []
-  hooks += config_hooks
-  evaluator = None
-  if rc.eval.every:
-    evaluator = PeriodicEval(mc, recipe.eval_task, tok, recipe.eval_indices,
-                             loop_config=recipe.loop, every=rc.eval.every, progress=progress)
-    hooks.append(multihost.local_hook(evaluator, mesh) if jax.process_count() > 1
-                 else evaluator)
-  client = None
-  if recipe.rollout.rollout == "ray":
-    engine = default_engine_config(recipe.loop, recipe.loop.group_size + int(
-        recipe.train.advantage.baseline == "median"), tok.eos_id)
-    client = ray_client(recipe.rollout, rc.precision.rollout_model(mc), engine, seed=rc.loop.seed,
-                        compile_cache=jax.config.jax_compilation_cache_dir or None)
-  loop = RLLoop(mc, recipe.train, recipe.loop, recipe.task, tok, mesh, init_params=init,
-                client=client, checkpoint=ckpt, resume=resume, out_dir=run_dir,
-                progress=progress, offload=recipe.rollout.offload_config(), step_hooks=hooks,
-                precision=rc.precision)
-  try:
-    result = loop.run()
-  except DivergenceError:
-    if run_dir and main:
-      _plot(recipe, run_dir, [])
-    raise
-  finally:
-    if client is not None:
-      client.close()
-    if evaluator is not None:
-      evaluator.close()
-  out = RecipeResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(RunResult)},
-                     run_dir=run_dir)
-  summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
-  out.notes += recipe.notes + ([summary] if summary else [])
-  params = result.state.params
-  export_hf = rc.output.export_hf
-  if jax.process_count() > 1 and (run_dir or export_hf):
-    params = multihost.gather_to_host(params)  # a collective: every process takes part
-  if run_dir and main:
-    write_json(config_path, settings)
-    save_params(os.path.join(run_dir, "final_params.npz"), params)
-    _plot(recipe, run_dir, result.history)
-  if export_hf and not result.preempted and main:
-    out.notes.append(_export(recipe, params, run_dir))
-  elif export_hf and main:
-    out.notes.append(f"run preempted: --export_hf={export_hf} not written (resume to finish)")
-  multihost.sync("run_outputs")
-  if run_dir and main:
-    out.outputs = describe_outputs(run_dir, checkpoint_dir=ckpt.directory,
-                                   export_dir=rc.output.export_hf
-                                   and os.path.abspath(rc.output.export_hf))
-  return out
+def eval_session(recipe: Recipe) -> RolloutSession:
+  """The evaluation's rollout session: in-process engines sized for `plan.eval_samples` per
+  problem, running the policy in its training dtypes; the caller closes it."""
+  plan = recipe.plan
+  return make_client(_IN_PROCESS, plan.train_model, plan.eval_engine,
+                     options=ClientOptions(local_workers=plan.loop.local_workers))
 
 
-def _plot(recipe: Recipe, run_dir: str, history: list[dict]) -> None:
-  rc = recipe.config
-  history = _read_history(run_dir) or history
-  plot_history(history, os.path.join(run_dir, "reward_kl.png"),
-               (("reward_mean", "eval_reward"), "kl",
-                ("mismatch_mean", "mismatch_max", "mismatch_out_frac")),
-               title=f"{rc.train.algo} on {rc.task.name} ({rc.loop.mode}, mesh "
-                     f"{rc.distributed.mesh})")
-  if recipe.rollout.rollout == "ray":
-    plot_history(history, os.path.join(run_dir, "offload.png"),
-                 ("t_seed", "live_workers", "time_step"),
-                 title=f"rollout offload ({rc.rollout.offload}, {rc.rollout.num_workers} Ray "
-                       "workers)")
+def make_loop(recipe: Recipe, mesh: jax.sharding.Mesh, client: RolloutSession,
+              **kwargs) -> RLLoop:
+  """The `RLLoop` of `recipe` on `mesh` over `client`: the plan, the jitted step
+  (`train_programs`, shared by equal configurations in a process), the task and tokenizer;
+  `kwargs` go to `RLLoop` (init_params, checkpoint, resume, out_dir, progress, clock,
+  step_hooks, resumables)."""
+  plan = recipe.plan
+  programs = train_programs(plan.train_model, plan.train, plan.precision.param_dtype, mesh,
+                            DEFAULT_RULES, plan.engine.sampling)
+  return RLLoop(plan, programs, client, recipe.task, recipe.model.tokenizer, **kwargs)
 
 
-def _export(recipe: Recipe, params, run_dir: str | None) -> str:
-  """Writes --export_hf; returns the line saying how much of the update its dtype keeps."""
-  # pylint: disable-next=import-outside-toplevel
-  from jaxrl_sys.models.hf.export import export_hf, update_survival
-  rc, model = recipe.config, recipe.model
-  config, files = model.config, None
-  if model.is_preset:  # the char tokenizer as an HF tokenizer; its special ids in config.json
-    tok = model.tokenizer
-    config = dataclasses.replace(config, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
-    files = tok.hf_tokenizer_files()
-  # Checked when the run started (`check_export_dir`): an earlier export of this run, or
-  # --overwrite, may be replaced.
-  export_hf(rc.output.export_hf, config, params, tokenizer_dir=model.hf_dir, tokenizer_files=files,
-            overwrite=True, dtype=rc.precision.export_dtype)
-  if run_dir:
-    mark_export_dir(rc.output.export_hf, run_dir)
-  initial = model.params
-  if initial is None:  # a preset starts from its seeded initialisation
-    initial = init_params(model.config, jax.random.PRNGKey(rc.loop.seed))
-  return "--export_hf: " + update_survival(initial, params, rc.precision.export_dtype).describe()
-
-
-def _read_history(out_dir: str) -> list[dict]:
-  path = os.path.join(out_dir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  rows = {}
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      if line.strip():
-        row = json.loads(line)
-        rows[row["step"]] = row  # a resumed run rewrites later steps
-  return [rows[k] for k in sorted(rows)]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Sequence
+from typing import Any
 
-from jaxrl_sys.models import MoEConfig, ModelConfig
-from jaxrl_sys.tasks import CharTokenizer
+from jaxrl_sys.models import HFTokenizer, MoEConfig, ModelConfig
+from jaxrl_sys.tasks import CharTokenizer, Tokenizer
 
 MODEL_PRESETS = ("tiny", "tiny_moe")
 # The synthetic tasks' alphabet (arithmetic, countdown). A small vocabulary matters for RL on a
@@ -33,51 +33,6 @@ def tiny_config(vocab_size: int, max_seq_len: int = 32, moe: bool = False) -> Mo
                      max_seq_len=max_seq_len, moe=moe_cfg, tie_embeddings=False)
 
 
-class HFTaskTokenizer:
-  """Adapts `models.HFTokenizer` to the task tokenizer interface (`encode(text, bos, eos)`,
-  `decode`, `pad_id`, `bos_id`, `eos_id`, `vocab_size`).
-
-  Prompts are what the loop encodes with `bos=True`: with `chat_template` on and a template in
-  the directory, such a text is rendered as one user message plus the generation prompt (the
-  template places its own bos token); otherwise bos (if the model has one) + the text.
-  """
-
-  def __init__(self, directory: str, bos_id: int | None = None, chat_template: bool = True):
-    from jaxrl_sys.models import HFTokenizer  # pylint: disable=import-outside-toplevel
-    self._tok = HFTokenizer(directory)
-    if not self._tok.eos_token_ids:
-      raise ValueError(f"{directory}: the tokenizer names no eos token (set eos_token_id in "
-                       "config.json or generation_config.json)")
-    self.eos_id = self._tok.eos_token_ids[0]
-    self.pad_id = self._tok.pad_token_id
-    self.bos_id = bos_id
-    self.vocab_size = self._tok.vocab_size
-    self.uses_chat_template = bool(chat_template and self._tok.chat_template)
-
-  def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
-    if bos and self.uses_chat_template:
-      ids = self._tok.encode(self._tok.apply_chat_template([{"role": "user", "content": text}]))
-    else:
-      ids = self._tok.encode(text)
-      if bos and self.bos_id is not None:
-        ids = [self.bos_id] + ids
-    return ids + ([self.eos_id] if eos else [])
-
-  def unknown_characters(self, text: str) -> str:
-    """See `models.HFTokenizer.unknown_characters`."""
-    return self._tok.unknown_characters(text)
-
-  @property
-  def unk_token(self) -> str | None:
-    return self._tok.unk_token
-
-  def decode(self, ids: Sequence[int]) -> str:
-    ids = [int(i) for i in ids]
-    if self.eos_id in ids:
-      ids = ids[:ids.index(self.eos_id)]
-    return self._tok.decode(ids)
-
-
 @dataclasses.dataclass
 class LoadedModel:
   """config, tokenizer, and params (None = initialise randomly from the seed); `hf_dir`: the
@@ -85,7 +40,7 @@ class LoadedModel:
   checkpoint stores ("bfloat16" for most real models; "float32" for a preset), what
   `--export_hf` writes by default. `params` are float32 masters whatever the source dtype."""
   config: ModelConfig
-  tokenizer: Any
+  tokenizer: Tokenizer
   params: Any = None
   hf_dir: str | None = None
   source_dtype: str = "float32"
@@ -125,7 +80,7 @@ def load_model(name: str, *, max_seq_len: int = 32, chat_template: bool = True,
   Args:
     name: preset name or directory.
     max_seq_len: context of a preset model.
-    chat_template: apply an HF tokenizer's chat template to prompts (see `HFTaskTokenizer`).
+    chat_template: apply an HF tokenizer's chat template to prompts (see `models.HFTokenizer`).
     extra_chars: characters a preset's tokenizer must know beyond MATH_CHARS (the text of a
       user's data set).
 
@@ -141,7 +96,7 @@ def load_model(name: str, *, max_seq_len: int = 32, chat_template: bool = True,
     from jaxrl_sys.models import load_hf_checkpoint, load_hf_config
     check_hf_directory(name)
     config, params = load_hf_checkpoint(name, "float32")
-    tok = HFTaskTokenizer(name, config.bos_token_id, chat_template=chat_template)
+    tok = HFTokenizer(name, config.bos_token_id, chat_template=chat_template)
     return LoadedModel(config, tok, params, hf_dir=os.path.abspath(name),
                        source_dtype=load_hf_config(name).param_dtype)
   if os.path.exists(name):

@@ -6,11 +6,11 @@
       train        AlgoConfig         the algorithm -> `step.config.TrainConfig`
       optim        OptimConfig        the optimizer (step/)
       loop         LoopConfig         the host RL loop (loop/)
-      rollout      RolloutSetup       where rollout runs (recipe/rollout_setup.py)
+      rollout      RolloutSetup       where rollout runs (rollout/setup/spec.py)
       checkpoint   CheckpointConfig   orbax checkpoints (loop/)
       warmup       WarmupConfig       the supervised warm-up before RL
       eval         EvalConfig         held-out evaluation
-      distributed  DistributedConfig  devices and processes: the mesh, the multi-process job (loop/)
+      distributed  DistributedConfig  devices and processes: the mesh, the multi-process job (dist/)
       output       OutputConfig       where a run writes (not part of its config.json)
       precision    PrecisionConfig    dtypes of masters, compute, rollout (train/precision.py)
 
@@ -45,10 +45,10 @@ import functools
 import typing
 from typing import Any, Mapping
 
+from jaxrl_sys.rollout.setup.spec import RolloutSetup
+from jaxrl_sys.train.multihost.job import DistributedConfig
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
-from jaxrl_sys.train.loop.distributed import DistributedConfig
 from jaxrl_sys.train.precision import PrecisionConfig
-from jaxrl_sys.train.recipe.rollout_setup import RolloutSetup
 from jaxrl_sys.train.step.config import ALGOS, OptimConfig, TrainConfig, train_config_for_algo
 
 SCALARS = (str, int, float, bool)
@@ -105,9 +105,10 @@ class AlgoConfig:
 
   def __post_init__(self):
     if self.algo not in ALGOS:
-      raise ValueError(f"unknown --algo {self.algo!r}; choose one of {ALGOS}")
+      raise ValueError(f"unknown train.algo {self.algo!r}; choose one of {ALGOS}")
     if self.behav_weight_cap is not None and not self.behav_weight_cap > 0:
-      raise ValueError(f"--behav_weight_cap={self.behav_weight_cap} must be > 0 (unset = no cap)")
+      raise ValueError(f"train.behav_weight_cap={self.behav_weight_cap} must be > 0 (unset = no "
+                       "cap)")
 
   def train_config(self, optim: OptimConfig, loop: LoopConfig) -> TrainConfig:
     """The step's config: the algorithm's presets, the decoupled objective off-policy, and
@@ -115,7 +116,7 @@ class AlgoConfig:
     extra = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
              if f.name not in ("algo", "kl_coef", "behav_weight_cap")}
     train = train_config_for_algo(self.algo, decoupled=loop.mode != "sync", kl_coef=self.kl_coef,
-                                  optim=optim, temperature=loop.temperature, **extra)
+                                  optim=optim, **extra)
     if self.behav_weight_cap is None:
       return train
     # Truncated importance sampling (clamp mode), sync included (losses.mismatch).
@@ -139,11 +140,11 @@ class WarmupConfig:
 
   def __post_init__(self):
     if self.steps is not None and self.steps < 0:
-      raise ValueError(f"--sft_steps={self.steps} must be >= 0 (0 = no supervised warm-up)")
+      raise ValueError(f"warmup.steps={self.steps} must be >= 0 (0 = no supervised warm-up)")
     if self.batch_size < 1:
-      raise ValueError(f"--sft_batch_size={self.batch_size} must be >= 1")
+      raise ValueError(f"warmup.batch_size={self.batch_size} must be >= 1")
     if not self.learning_rate > 0:
-      raise ValueError(f"--sft_learning_rate={self.learning_rate} must be > 0")
+      raise ValueError(f"warmup.learning_rate={self.learning_rate} must be > 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,9 +161,9 @@ class EvalConfig:
 
   def __post_init__(self):
     if self.every < 0:
-      raise ValueError(f"--eval_every={self.every} must be >= 0 (0 = off)")
+      raise ValueError(f"eval.every={self.every} must be >= 0 (0 = off)")
     if self.prompts < 1:
-      raise ValueError(f"--eval_prompts={self.prompts} must be >= 1")
+      raise ValueError(f"eval.prompts={self.prompts} must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,9 +223,9 @@ ALIASES = {
 class RunConfig:
   """Every setting of a run, one section per concern (see the module docstring).
 
-  `config.loop.steps` is the setting; `config.steps` reads it by its short name (`ALIASES`;
-  `model`, `task` and `rollout` name sections, so `config.get("model")` reads those three).
-  `replace(**changes)` takes short or dotted names.
+  `config.loop.steps` is the setting. The short names (`ALIASES`: `steps`, `mesh`, ...) are the
+  command line's and the flat `RecipeConfig` façade's: `get(name)` and `replace(**changes)`
+  take short or dotted names, attribute access takes sections only.
   """
   model: ModelSpec = ModelSpec()
   task: TaskSpec = TaskSpec()
@@ -243,15 +244,9 @@ class RunConfig:
   def __post_init__(self):
     if self.loop.group_size < 2:
       raise ValueError(
-          f"--group_size={self.loop.group_size} with --algo={self.train.algo}: GRPO-family "
+          f"loop.group_size={self.loop.group_size} with train.algo={self.train.algo}: GRPO-family "
           "advantages compare samples of the same prompt, so each group needs at least 2 "
           "samples")
-
-  def __getattr__(self, name: str) -> Any:
-    if name in ALIASES:
-      section, field = ALIASES[name].split(".")
-      return getattr(getattr(self, section), field)
-    raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
 
   def get(self, path: str) -> Any:
     """The value at "section.field" or a short name."""

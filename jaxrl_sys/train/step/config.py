@@ -46,18 +46,19 @@ class OptimConfig:
 
   def __post_init__(self):
     if not self.learning_rate > 0:
-      raise ValueError(f"--learning_rate={self.learning_rate} must be > 0")
+      raise ValueError(f"optim.learning_rate={self.learning_rate} must be > 0")
     if self.schedule not in SCHEDULES:
-      raise ValueError(f"--optim.schedule={self.schedule!r} is not one of {SCHEDULES}")
+      raise ValueError(f"optim.schedule={self.schedule!r} is not one of {SCHEDULES}")
     if self.warmup_steps < 0 or self.decay_steps < 0:
-      raise ValueError("warmup_steps and decay_steps must be >= 0")
+      raise ValueError("optim.warmup_steps and optim.decay_steps must be >= 0")
     if self.grad_clip < 0 or self.weight_decay < 0:
-      raise ValueError("grad_clip and weight_decay must be >= 0")
+      raise ValueError("optim.grad_clip and optim.weight_decay must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  """What the jitted train step needs (all static).
+  """What the jitted train step needs (all static); the sampling temperature its log-probs are
+  computed at is the rollout's (`models.SamplingConfig`, passed beside it).
 
   Attributes:
     algo: one of ALGOS; selects the advantage / loss presets (see `train_config_for_algo`).
@@ -65,7 +66,6 @@ class TrainConfig:
     loss: policy-loss config; `loss.decoupled` selects AReaL's decoupled PPO (behaviour =
       rollout logprobs, proximal = the parameters before this update).
     optim: optimizer config.
-    temperature: sampling temperature; logprobs are recomputed at it.
     ess_lr_scaling: VCPO: scale the learning rate by the effective sample size.
     ess_rule, base_ess_ratio: see `losses.ess_lr_scale`.
     logprob_impl: "auto" | "pallas" | "xla" | "xla_tokens" for `kernels.fused_logprobs` ("auto":
@@ -80,7 +80,6 @@ class TrainConfig:
   advantage: AdvantageConfig = AdvantageConfig()
   loss: PolicyLossConfig = PolicyLossConfig()
   optim: OptimConfig = OptimConfig()
-  temperature: float = 1.0
   ess_lr_scaling: bool = False
   ess_rule: str = "sqrt"
   base_ess_ratio: float = 1.0
@@ -92,9 +91,6 @@ class TrainConfig:
   def __post_init__(self):
     if self.algo not in ALGOS:
       raise ValueError(f"unknown algo {self.algo!r}; choose one of {ALGOS}")
-    if not self.temperature > 0:
-      raise ValueError(f"training needs a temperature > 0 (logprobs at the sampling "
-                       f"temperature), got {self.temperature}")
     if self.loss.kl_where != "loss":
       raise ValueError("the trainer supports kl_where='loss' only (a KL reward penalty would "
                        "need reference log-probs on the host before the advantages)")

@@ -15,8 +15,10 @@ are used; the gradient reaches the masters through that cast, is summed in float
 the optimizer in float32, never rounded to the parameters' dtype.
 
 Per token: log-probs and entropy come from `kernels.fused_logprobs(hidden, unembed, targets,
-temperature)` at the sampling temperature, over the batch's scoring window (`batch.pack`): the
-response positions, not the prompt's. The proximal policy of the decoupled loss is the
+temperature)` at the temperature the responses were sampled at, read from the rollout's
+`models.SamplingConfig` (`sampling=`: the one home of the setting; the full distribution at
+that temperature), over the batch's scoring window (`batch.pack`): the response positions, not
+the prompt's. The proximal policy of the decoupled loss is the
 parameters before this update (one optimizer update per step), i.e. `stop_gradient` of the
 same forward pass; the behaviour policy is the rollout engine's log-probs. The reference
 policy (KL) is a frozen copy in the state, skipped when the KL coefficient is 0.
@@ -38,7 +40,7 @@ from jaxrl_sys.losses.aggregation import loss_denominator
 from jaxrl_sys.losses.ess import ess_lr_scale, sequence_log_weights
 from jaxrl_sys.losses.mismatch import mismatch_stats
 from jaxrl_sys.losses.policy import policy_loss
-from jaxrl_sys.models import ModelConfig, forward, unembedding
+from jaxrl_sys.models import ModelConfig, SamplingConfig, forward, unembedding
 from jaxrl_sys.sharding import DEFAULT_RULES, Rules, logical_to_spec
 from jaxrl_sys.sharding.axes import BATCH
 from jaxrl_sys.train.step.batch import TrainBatch
@@ -51,6 +53,8 @@ _TOKEN_MEANS = ("kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high",
                 "mismatch_mean", "mismatch_out_frac")
 # MoE aux entries that are state (not sums) across micro-batches.
 _MOE_LATEST = ("q",)
+# The sampling config of a step given none: temperature 1.
+SAMPLING = SamplingConfig()
 
 
 class Accum(NamedTuple):
@@ -102,9 +106,9 @@ score_window.defvjp(_score_window_fwd, _score_window_bwd)
 
 
 def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig, batch: TrainBatch,
-                   moe_state=None):
-  """Log-probs and entropy of `batch.targets` under `params`, on the scoring window only (no
-  logits at the prompt positions before it).
+                   moe_state=None, sampling: SamplingConfig = SAMPLING):
+  """Log-probs and entropy of `batch.targets` under `params` at `sampling.temperature`, on the
+  scoring window only (no logits at the prompt positions before it).
 
   Returns:
     (logprobs `[rows, W]` float32, entropy `[rows, W]` float32, MoE aux dict).
@@ -117,22 +121,22 @@ def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig,
   hidden = out.hidden if w == t else score_window(out.hidden, batch.score_start, w)
   lp, ent = kernels.fused_logprobs(
       hidden.reshape(rows * w, d), unembedding(params, model_config),
-      batch.targets.reshape(rows * w), temperature=train_config.temperature,
+      batch.targets.reshape(rows * w), temperature=sampling.temperature,
       chunk_size=train_config.logprob_chunk, impl=train_config.logprob_impl)
   return lp.reshape(rows, w), ent.reshape(rows, w), out.aux
 
 
 def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelConfig,
-                train_config: TrainConfig):
+                train_config: TrainConfig, sampling: SamplingConfig):
   tc = train_config
   fn = token_logprobs
   if tc.remat:
-    fn = jax.checkpoint(token_logprobs, static_argnums=(1, 2))
-  lp, ent, moe_aux = fn(params, model_config, tc, mb, state.moe_state)
+    fn = jax.checkpoint(token_logprobs, static_argnums=(1, 2, 5))
+  lp, ent, moe_aux = fn(params, model_config, tc, mb, state.moe_state, sampling)
   mask = mb.loss_mask
   ref = None
   if state.ref_params is not None:
-    ref, _, _ = token_logprobs(state.ref_params, model_config, tc, mb, state.moe_state)
+    ref, _, _ = token_logprobs(state.ref_params, model_config, tc, mb, state.moe_state, sampling)
     ref = jax.lax.stop_gradient(ref)
   prox = jax.lax.stop_gradient(lp)
   out = policy_loss(lp, prox, mb.advantages, mask, config=tc.loss, ref_logprobs=ref,
@@ -152,13 +156,14 @@ def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelCo
 
 
 def init_accum(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
-               train_config: TrainConfig) -> Accum:
+               train_config: TrainConfig, sampling: SamplingConfig = SAMPLING) -> Accum:
   """Zero sums; `mb` (one micro-batch, or its ShapeDtypeStructs) only gives the MoE aux shapes."""
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
   moe_aux = None
   if model_config.moe is not None:
     shapes = jax.eval_shape(lambda p, b: token_logprobs(p, model_config, train_config, b,
-                                                        state.moe_state)[2], state.params, mb)
+                                                        state.moe_state, sampling)[2],
+                            state.params, mb)
     moe_aux = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
   keys = _TOKEN_MEANS + ("loss_numerator", "num_tokens", "num_sequences", "pg_numerator",
                          "off_policy_tokens", "staleness_sum")
@@ -170,11 +175,11 @@ def init_accum(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
 
 
 def accumulate(state: TrainState, acc: Accum, mb: TrainBatch, *, model_config: ModelConfig,
-               train_config: TrainConfig) -> Accum:
+               train_config: TrainConfig, sampling: SamplingConfig = SAMPLING) -> Accum:
   """Adds one micro-batch `[rows, T]` to the running sums (pure)."""
   grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
   (numerator, (aux, den, log_w, moe_aux)), grads = grad_fn(state.params, state, mb, model_config,
-                                                            train_config)
+                                                            train_config, sampling)
   grads = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc.grads, grads)
   valid = mb.loss_mask != 0
   ntok = aux["num_tokens"].astype(jnp.float32)
@@ -252,22 +257,27 @@ def _safe_div(a, b):
 
 
 def fused_step(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
-           train_config: TrainConfig, optimizer, schedule=None) -> tuple[TrainState, dict]:
+               train_config: TrainConfig, optimizer, schedule=None,
+               sampling: SamplingConfig = SAMPLING) -> tuple[TrainState, dict]:
   """A step whose batch is one micro-batch `[rows, T]`: `apply(accumulate(init_accum))` as one
   program (pure). The zero sums fold away and the gradient goes straight into the optimizer,
   with no accumulator written and read back between programs."""
   kw = dict(model_config=model_config, train_config=train_config)
-  acc = accumulate(state, init_accum(state, mb, **kw), mb, **kw)
+  acc = accumulate(state, init_accum(state, mb, sampling=sampling, **kw), mb, sampling=sampling,
+                   **kw)
   return apply(state, acc, optimizer=optimizer, schedule=schedule, **kw)
 
 
 def train_step(state: TrainState, batch: TrainBatch, *, model_config: ModelConfig,
-               train_config: TrainConfig, optimizer, schedule=None) -> tuple[TrainState, dict]:
-  """One optimizer update from `batch` `[micro, rows, T]` (pure; scan over micro-batches)."""
+               train_config: TrainConfig, optimizer, schedule=None,
+               sampling: SamplingConfig = SAMPLING) -> tuple[TrainState, dict]:
+  """One optimizer update from `batch` `[micro, rows, T]` (pure; scan over micro-batches);
+  log-probs at `sampling.temperature`, the temperature the rollout sampled the batch at."""
   kw = dict(model_config=model_config, train_config=train_config)
   first = jax.tree.map(lambda x: x[0], batch)
-  acc = init_accum(state, first, **kw)
-  acc, _ = jax.lax.scan(lambda a, mb: (accumulate(state, a, mb, **kw), None), acc, batch)
+  acc = init_accum(state, first, sampling=sampling, **kw)
+  acc, _ = jax.lax.scan(lambda a, mb: (accumulate(state, a, mb, sampling=sampling, **kw), None),
+                        acc, batch)
   return apply(state, acc, optimizer=optimizer, schedule=schedule, **kw)
 
 
@@ -318,11 +328,11 @@ class TrainFns:
 
 def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimizer, abstract,
                    mesh: jax.sharding.Mesh, *, rules: Rules = DEFAULT_RULES, schedule=None,
-                   donate: bool = True) -> TrainFns:
+                   donate: bool = True, sampling: SamplingConfig = SAMPLING) -> TrainFns:
   """Jits the step pieces with the state's shardings on `mesh` as output shardings.
 
   Args:
-    model_config, train_config, optimizer: as for `train_step`.
+    model_config, train_config, optimizer, sampling: as for `train_step`.
     abstract: `state.abstract_state(...)` (gives the state's structure).
     mesh: the training mesh; inputs are expected already placed (see `TrainFns.put_batch`).
     rules: logical-axis rules.
@@ -337,13 +347,13 @@ def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimiz
   opt = dict(optimizer=optimizer, schedule=schedule)
 
   def _step(state, batch):
-    return train_step(state, batch, **kw, **opt)
+    return train_step(state, batch, sampling=sampling, **kw, **opt)
 
   def _init(state, mb):
-    return init_accum(state, mb, **kw)
+    return init_accum(state, mb, sampling=sampling, **kw)
 
   def _acc(state, acc, mb):
-    return accumulate(state, acc, mb, **kw)
+    return accumulate(state, acc, mb, sampling=sampling, **kw)
 
   d = (lambda *a: a) if donate else (lambda *a: ())
 
@@ -369,5 +379,6 @@ def make_train_fns(model_config: ModelConfig, train_config: TrainConfig, optimiz
       step=jax.jit(_step, out_shardings=(sh, rep), donate_argnums=d(0)),
       init_accum=jax.jit(_init, out_shardings=acc_sh),
       accumulate=jax.jit(_acc, out_shardings=acc_sh, donate_argnums=d(1)),
-      apply=_params_last(apply), fused_step=_params_last(fused_step),
+      apply=_params_last(apply),
+      fused_step=_params_last(functools.partial(fused_step, sampling=sampling)),
       shardings=sh, mesh=mesh, rules=rules)

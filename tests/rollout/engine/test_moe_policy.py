@@ -1,4 +1,5 @@
-"""An MoE policy's balancing state (routing biases) reaches the rollout engine."""
+"""An MoE policy's balancing state (routing biases) reaches the rollout engine, through the
+in-process session the factory builds (`rollout.setup.factory.make_client`)."""
 import numpy as np
 import pytest
 
@@ -7,7 +8,9 @@ import jax.numpy as jnp
 
 from jaxrl_sys import models
 from jaxrl_sys.models.moe import block as moe
-from jaxrl_sys.rollout import InProcessRollout, Request, request_key
+from jaxrl_sys.rollout import Engine, Request, request_key
+from jaxrl_sys.rollout.setup.factory import make_client
+from jaxrl_sys.rollout.setup.spec import RolloutSetup
 from tests.rollout.common import CFG, GREEDY, engine_config
 from tests.rollout.common import params as dense_params
 
@@ -64,12 +67,16 @@ def test_engine_routes_with_the_published_moe_state():
   ref_zero = {r.request_id: greedy_by_recompute(params, None, r.prompt, 6) for r in reqs}
   assert ref != ref_zero, "the routing bias must change the greedy continuations"
   cfg = engine_config(GREEDY)
-  client = InProcessRollout.create(MOE_CFG, params, cfg, moe_state=state)
-  assert _run(client, reqs) == ref
-  # Publishing zero biases switches the routing back.
-  client.publish(params, 1, moe.init_moe_state(MOE_CFG))
-  again = [Request(r.request_id + 10, r.prompt, 6, r.key) for r in reqs]
-  assert _run(client, again) == {k + 10: v for k, v in ref_zero.items()}
+  client = make_client(RolloutSetup(), MOE_CFG, cfg)
+  try:
+    client.publish(params, 0, state)
+    assert _run(client, reqs) == ref
+    # Publishing zero biases switches the routing back.
+    client.publish(params, 1, moe.init_moe_state(MOE_CFG))
+    again = [Request(r.request_id + 10, r.prompt, 6, r.key, min_version=1) for r in reqs]
+    assert _run(client, again) == {k + 10: v for k, v in ref_zero.items()}
+  finally:
+    client.close()
   # models.generate takes the same state.
   out = models.generate(params, MOE_CFG, np.asarray([reqs[0].prompt], np.int32),
                         sampling=models.SamplingConfig(temperature=0.0, max_new_tokens=6),
@@ -79,5 +86,4 @@ def test_engine_routes_with_the_published_moe_state():
 
 def test_moe_state_for_a_dense_model_is_rejected():
   with pytest.raises(ValueError, match="dense model"):
-    InProcessRollout.create(CFG, dense_params(), engine_config(GREEDY),
-                            moe_state=moe.init_moe_state(MOE_CFG))
+    Engine(CFG, dense_params(), engine_config(GREEDY), moe_state=moe.init_moe_state(MOE_CFG))

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from jaxrl_sys.rollout import (FinishReason, InProcessWorker, ManagerConfig, ManualClock,
-                               MemoryWeightStore, RolloutClient, RolloutManager, ThreadWorker)
+                               MemoryWeightStore, RolloutClient, RolloutManager, RolloutSession,
+                               ThreadWorker)
 from tests.conftest import RAY_COMPILE_CACHE
 from tests.rollout import common, fake_worker
 
@@ -97,8 +98,11 @@ def check(out, ref):
 
 
 def test_surface_matches_the_protocol():
-  for name in ("submit", "poll", "abort", "publish", "num_pending", "snapshot"):
-    want = inspect.signature(getattr(RolloutClient, name))
+  names = [n for n in vars(RolloutSession) | vars(RolloutClient) if not n.startswith("_")]
+  assert {"submit", "poll", "abort", "publish", "snapshot", "metrics", "close",
+          "add_tick_hook"} <= set(names)
+  for name in names:
+    want = inspect.signature(getattr(RolloutSession, name))
     got = inspect.signature(getattr(RolloutManager, name))
     assert list(got.parameters) == list(want.parameters), name
 

@@ -14,10 +14,10 @@ def test_chaos_run_equals_the_undisturbed_run(ray_session):  # pylint: disable=u
   group must be trained exactly once, in the same steps, and the loss curve must equal the
   in-process run's."""
   steps = 12
-  ref = recipe_lib.run_recipe(recipe_lib.build_recipe(quick(steps=steps))).history
+  ref = recipe_lib.run_recipe(recipe_lib.build_recipe(quick(steps=steps))).run.history
   rc = quick(steps=steps, rollout="ray", num_workers=3, chaos_kill_every=2.0,
              chaos_restart_after=0.5, worker_token_delay=0.01)
-  got = recipe_lib.run_recipe(recipe_lib.build_recipe(rc)).history
+  got = recipe_lib.run_recipe(recipe_lib.build_recipe(rc)).run.history
   assert [h["group_ids"] for h in got] == [h["group_ids"] for h in ref]
   keys = ("loss", "kl", "grad_norm", "reward_mean", "response_len_mean")
   a = np.array([[h[k] for k in keys] for h in ref])
@@ -40,7 +40,7 @@ def test_april_and_async_admission_through_ray_workers(ray_session, mode):  # py
       mode="async", max_staleness=1)
   rc = quick(steps=3, rollout="ray", num_workers=2, chaos_kill_every=5.0,
              chaos_restart_after=0.5, worker_token_delay=0.01, **kw)
-  hist = recipe_lib.run_recipe(recipe_lib.build_recipe(rc)).history
+  hist = recipe_lib.run_recipe(recipe_lib.build_recipe(rc)).run.history
   assert len(hist) == 3
   ids = [g for h in hist for g in h["group_ids"]]
   assert all(len(h["group_ids"]) == rc.prompts_per_step for h in hist)

@@ -12,7 +12,7 @@ from tests.train.common import quick
 def _losses(mesh):
   rc = quick(mesh=mesh, steps=3)
   result = recipe_lib.run_recipe(recipe_lib.build_recipe(rc))
-  return [(h["loss"], h["kl"], h["grad_norm"], h["reward_mean"]) for h in result.history]
+  return [(h["loss"], h["kl"], h["grad_norm"], h["reward_mean"]) for h in result.run.history]
 
 
 @needs_devices(8)
@@ -26,7 +26,7 @@ def test_mesh_2x4_matches_1x1():
 def test_off_policy_modes(mode, eta):
   rc = quick(mode=mode, max_staleness=eta, steps=4)
   result = recipe_lib.run_recipe(recipe_lib.build_recipe(rc))
-  hist = result.history
+  hist = result.run.history
   assert [h["staleness_mean"] for h in hist][0] == 0.0
   if mode == "one_off":
     # step k >= 1 trains on samples generated entirely by version k - 1

@@ -2,7 +2,7 @@
 form one `--mesh=2x4` job, compared with one process holding all 8 devices.
 
 The runs are shared between the tests (a two-process run costs a compilation of every
-program in process 1, which cannot use the persistent cache, see `train.loop.multihost`):
+program in process 1, which cannot use the persistent cache, see `train.multihost.collectives`):
   single   one process, 8 devices, 3 steps (the reference);
   stopped  the docs' two-process command (docs/multihost.md), SIGTERM to process 1 after
            step 1 -> both finish the step they are in, save once and exit 0;

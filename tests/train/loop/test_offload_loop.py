@@ -1,7 +1,8 @@
 """Adaptive rollout offload in the real RL loop.
 
-- With no remote worker the offload path is plain co-located rollout: the run equals the run
-  without it, bit for bit.
+- With no remote worker the offload path (hooks attached as the recipe attaches them) is plain
+  co-located rollout: the run equals the run without it, bit for bit; that run's loop sees a
+  session with the `RolloutSession` methods only.
 - With 2 Ray workers slowed by a per-token delay, T_seed converges to where the trainer's wait
   and the remote wait balance; with fast (undelayed) workers, T_seed shrinks below its first
   window and below the slow workers' fixed point (more of each step goes to the remote
@@ -15,26 +16,52 @@ import jax
 import numpy as np
 
 from jaxrl_sys.rollout import InProcessWorker, ManagerConfig, RolloutManager
+from jaxrl_sys.rollout.clock import WALL
+from jaxrl_sys.rollout.types import RolloutClient, RolloutSession
 from jaxrl_sys.rollout.elastic.offload import OffloadConfig
 from jaxrl_sys.train import recipe as recipe_lib
-from jaxrl_sys.train.loop.rl_loop import RLLoop
-from jaxrl_sys.train.loop.local_client import default_engine_config
+from jaxrl_sys.train.recipe.offload import KEY, OffloadHooks
 from tests.conftest import RAY_COMPILE_CACHE
 from tests.train.common import quick
 
 
+class ProtocolOnly:
+  """A session exposing the `RolloutSession` methods of `inner` and nothing else."""
 
-def _loop(steps, client=None, offload=None):
+  def __init__(self, inner):
+    for name in {**vars(RolloutClient), **vars(RolloutSession)}:
+      if not name.startswith("_"):
+        setattr(self, name, getattr(inner, name))
+
+
+def _run(steps, client=None, offload=None):
+  """A loop over `client` (default: the recipe's session) with the offload controller attached
+  as the recipe attaches it (a step hook, a tick hook, its checkpointed state)."""
   recipe = recipe_lib.build_recipe(quick(steps=steps))
-  return recipe, RLLoop(recipe.model.config, recipe.train, recipe.loop, recipe.task,
-                        recipe.model.tokenizer, recipe_lib.recipe_mesh(recipe.mesh_spec),
-                        client=client, offload=offload)
+  session = client or recipe_lib.rollout_session(recipe)
+  hooks, parts = [], {}
+  if offload is not None:
+    controller = OffloadHooks(offload, session, WALL)
+    controller.attach()
+    hooks, parts = [controller], {KEY: controller}
+  loop = recipe_lib.make_loop(recipe, recipe_lib.recipe_mesh(recipe.mesh_spec), session,
+                              step_hooks=hooks, resumables=parts)
+  try:
+    return loop.run()
+  finally:
+    if client is None:
+      session.close()
 
 
 def test_offload_without_remote_workers_is_colocated_rollout():
-  _, plain = _loop(3)
-  _, offl = _loop(3, offload=OffloadConfig(t_init=0.5))
-  a, b = plain.run(), offl.run()
+  """Also: the loop uses nothing of its session beyond the protocol (no probing)."""
+  recipe = recipe_lib.build_recipe(quick(steps=3))
+  session = recipe_lib.rollout_session(recipe)
+  try:
+    a = _run(3, client=ProtocolOnly(session))
+  finally:
+    session.close()
+  b = _run(3, offload=OffloadConfig(t_init=0.5))
   assert [h["reward_mean"] for h in a.history] == [h["reward_mean"] for h in b.history]
   for x, y in zip(jax.tree.leaves(a.state.params), jax.tree.leaves(b.state.params)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -44,17 +71,16 @@ def test_offload_without_remote_workers_is_colocated_rollout():
 def _offload_run(steps, local_delay, remote_delay, t_init):
   from jaxrl_sys.rollout.weights.ray import RayWeightStore  # pylint: disable=import-outside-toplevel
   from jaxrl_sys.rollout.workers.ray import RayWorker  # pylint: disable=import-outside-toplevel
-  recipe, _ = _loop(steps)
-  mc, tok = recipe.model.config, recipe.model.tokenizer
+  recipe = recipe_lib.build_recipe(quick(steps=steps))
+  mc = recipe.plan.rollout_model
   # one token per exchange, so the trainer's engine can hand off mid-response
-  ec = dataclasses.replace(default_engine_config(recipe.loop, 4, tok.eos_id), stream_every=1)
+  ec = dataclasses.replace(recipe.plan.engine, stream_every=1)
   remotes = [RayWorker(f"spot-{i}", mc, ec, token_delay=remote_delay, warmup=True,
                        compile_cache=RAY_COMPILE_CACHE) for i in range(2)]
   m = RolloutManager([InProcessWorker("trainer", mc, ec, local=True, token_delay=local_delay),
                       *remotes], store=RayWeightStore(), config=ManagerConfig(theta=2))
-  _, loop = _loop(steps, client=m, offload=OffloadConfig(t_init=t_init, rate=0.5))
   try:
-    return loop.run().history
+    return _run(steps, client=m, offload=OffloadConfig(t_init=t_init, rate=0.5)).history
   finally:
     m.close()
 

@@ -1,5 +1,7 @@
-"""Lazy package attributes: `from jaxrl_sys.rollout import Engine` imports the engine (and JAX)
-only when the name is asked for, so importing the manager or the simulator stays numpy-only."""
+"""Lazy package attributes, shared by the package faces (`rollout`, `rollout.workers`, `train`):
+`from jaxrl_sys.rollout import Engine` imports the engine (and JAX) only when the name is asked
+for, so importing the manager or the simulator stays numpy-only, and importing
+`jaxrl_sys.train.step.config` loads neither orbax nor the rollout wings."""
 from __future__ import annotations
 
 import importlib

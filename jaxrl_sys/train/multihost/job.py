@@ -9,7 +9,7 @@ environment by JAX's cluster detection (SLURM, Open MPI, Cloud TPU pod slices, K
 GKE), see `detect_cluster`.
 
 This module is host-side start-up only (a side effect); the per-step collectives of the loop
-live in `train.loop.multihost`.
+live in `train.multihost.collectives`.
 """
 from __future__ import annotations
 
@@ -60,20 +60,21 @@ class DistributedConfig:
 
   def __post_init__(self):
     if self.num_processes is not None and self.num_processes < 1:
-      raise ValueError(f"--num_processes={self.num_processes} must be >= 1")
+      raise ValueError(f"distributed.num_processes={self.num_processes} must be >= 1")
     if self.process_id is not None and self.num_processes is not None and not (
         0 <= self.process_id < self.num_processes):
-      raise ValueError(f"--process_id={self.process_id} must lie in [0, --num_processes="
-                       f"{self.num_processes})")
+      raise ValueError(f"distributed.process_id={self.process_id} must lie in [0, "
+                       f"distributed.num_processes={self.num_processes})")
     if self.timeout <= 0:
-      raise ValueError(f"--distributed_timeout={self.timeout} must be > 0 seconds")
+      raise ValueError(f"distributed.timeout={self.timeout} must be > 0 seconds")
     parse_device_ids(self.local_device_ids)  # validates
     explicit = (self.coordinator_address, self.num_processes, self.process_id)
     if (self.num_processes or 1) > 1 and None in explicit and detect_cluster() is None:
       raise ValueError(
-          f"--num_processes={self.num_processes} needs --coordinator_address=HOST:PORT (process "
-          "0's address, the same on every process) and --process_id=I (0 .. num_processes-1) on "
-          "each process, unless SLURM, Open MPI, a TPU pod slice or Kubernetes provides them")
+          f"distributed.num_processes={self.num_processes} needs "
+          "distributed.coordinator_address=HOST:PORT (process 0's address, the same on every "
+          "process) and distributed.process_id=I (0 .. num_processes-1) on each process, "
+          "unless SLURM, Open MPI, a TPU pod slice or Kubernetes provides them")
 
   @property
   def explicit(self) -> bool:
@@ -93,7 +94,7 @@ def parse_device_ids(text: str | None) -> tuple[int, ...] | None:
   try:
     return tuple(int(p) for p in str(text).split(",") if p.strip())
   except ValueError as e:
-    raise ValueError(f"--local_device_ids={text!r}: expected comma-separated integers, "
+    raise ValueError(f"distributed.local_device_ids={text!r}: expected comma-separated integers, "
                      "e.g. 0,1") from e
 
 
