@@ -7,7 +7,9 @@ random kills: `rollout.setup.ray`, `experiments.grpo --rollout=ray --num_workers
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+from typing import Callable
 
 from jaxrl_sys.rollout.elastic.offload import OffloadConfig
 from jaxrl_sys.rollout.elastic.trace_formats import load_trace
@@ -72,6 +74,17 @@ class RolloutSetup:
   t_seed_init: float = 2.0
 
   def __post_init__(self):
+    for name, low, strict in (("worker_token_delay", 0, False), ("chaos_kill_every", 0, False),
+                              ("chaos_restart_after", 0, False), ("trace_time_scale", 0, True),
+                              ("worker_cpus", 0, False), ("worker_gpus", 0, False),
+                              ("heartbeat_timeout", 0, True), ("startup_timeout", 0, True)):
+      value = getattr(self, name)
+      if not (isinstance(value, (int, float)) and math.isfinite(value)
+              and (value > low if strict else value >= low)):
+        raise ValueError(f"rollout.{name}={value} must be a finite number "
+                         f"{'>' if strict else '>='} {low}")
+    if self.theta < 0:
+      raise ValueError(f"rollout.theta={self.theta} must be >= 0")
     if self.rollout not in ROLLOUTS:
       raise ValueError(f"unknown rollout.rollout {self.rollout!r}; choose one of {ROLLOUTS}")
     if self.rollout == "ray" and self.num_workers < 1:
@@ -140,11 +153,14 @@ class ClientOptions:
       request (no compilation stalls mid-run; a slower start). Ray workers always warm up.
     seed: seeds the Ray fleet's chaos schedule and trace sampling.
     compile_cache: the persistent compilation cache directory Ray workers use (None: none).
+    message: prints the Ray fleet's one line per kill, start, join, loss and migration (None:
+      silent).
   """
   local_workers: int = 0
   warmup: bool = False
   seed: int = 0
   compile_cache: str | None = None
+  message: Callable[[str], None] | None = None
 
   def __post_init__(self):
     if self.local_workers < 0:

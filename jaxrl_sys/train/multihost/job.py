@@ -65,8 +65,11 @@ class DistributedConfig:
         0 <= self.process_id < self.num_processes):
       raise ValueError(f"distributed.process_id={self.process_id} must lie in [0, "
                        f"distributed.num_processes={self.num_processes})")
-    if self.timeout <= 0:
-      raise ValueError(f"distributed.timeout={self.timeout} must be > 0 seconds")
+    if not self.timeout > 0 or self.timeout == float("inf"):
+      raise ValueError(f"distributed.timeout={self.timeout} must be a finite number of "
+                       "seconds > 0")
+    if self.coordinator_address is not None:
+      coordinator_host_port(self.coordinator_address)  # validates
     parse_device_ids(self.local_device_ids)  # validates
     explicit = (self.coordinator_address, self.num_processes, self.process_id)
     if (self.num_processes or 1) > 1 and None in explicit and detect_cluster() is None:
@@ -85,6 +88,21 @@ class DistributedConfig:
   def device_ids(self) -> tuple[int, ...] | None:
     """`local_device_ids` as integers ("0,1" -> (0, 1); None = all)."""
     return parse_device_ids(self.local_device_ids)
+
+
+def coordinator_host_port(address: str) -> tuple[str, int]:
+  """("host", port) of "host:port" (also "[ipv6]:port").
+
+  Raises:
+    ValueError: no port, or a port that is not a number in 1..65535.
+  """
+  host, sep, port = str(address).rpartition(":")
+  host = host.strip("[]")
+  if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise ValueError(f"distributed.coordinator_address={address!r}: expected HOST:PORT, the "
+                     "address and a free port of process 0 (e.g. localhost:12355), the same on "
+                     "every process")
+  return host, int(port)
 
 
 def parse_device_ids(text: str | None) -> tuple[int, ...] | None:

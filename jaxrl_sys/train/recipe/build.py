@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
@@ -229,8 +229,8 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
 _IN_PROCESS = RolloutSetup()
 
 
-def rollout_session(recipe: Recipe, *, warmup: bool = False, clock: Clock = WALL
-                    ) -> RolloutSession:
+def rollout_session(recipe: Recipe, *, warmup: bool = False, clock: Clock = WALL,
+                    message: Callable[[str], None] | None = None) -> RolloutSession:
   """The training rollout session of `recipe` (`make_client`: in-process engines, or Ray
   workers with `--rollout=ray`), with no weights yet; the caller closes it.
 
@@ -239,11 +239,13 @@ def rollout_session(recipe: Recipe, *, warmup: bool = False, clock: Clock = WALL
     warmup: compile every prefill / decode shape of the in-process engines before the first
       request (no compilation stalls mid-run; slower start).
     clock: the session's time source.
+    message: prints the Ray fleet's lines (kills, joins, migrations).
   """
   plan = recipe.plan
   options = ClientOptions(local_workers=plan.loop.local_workers, warmup=warmup,
                           seed=plan.loop.seed,
-                          compile_cache=jax.config.jax_compilation_cache_dir or None)
+                          compile_cache=jax.config.jax_compilation_cache_dir or None,
+                          message=message)
   return make_client(recipe.rollout, plan.rollout_model, plan.engine, options=options,
                      clock=clock)
 

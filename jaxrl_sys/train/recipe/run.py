@@ -176,7 +176,8 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
 
   hooks = [recipe.task.metrics_hook] if isinstance(recipe.task, CountingTask) else []
   hooks += config_hooks
-  sessions = [rollout_session(recipe)]  # built once here, closed once below
+  # built once here, closed once below
+  sessions = [rollout_session(recipe, message=progress.message)]
 
   def close_sessions():
     while sessions:
