@@ -34,7 +34,8 @@ from jaxrl_sys.train.recipe.config_file import (HISTORY_KEY, WriteOnce, reproduc
                                                 settings_history)
 from jaxrl_sys.train.recipe.run_config import RunConfig
 from jaxrl_sys.train.recipe.run_dir import (RESUME_OVERWRITE, check_export_dir,
-                                            claim_checkpoint_dir, claim_run_dir,
+                                            claim_checkpoint_dir, claim_output_dir,
+                                            claim_run_dir, local_store_dir,
                                             describe_outputs, mark_export_dir, save_params,
                                             write_json)
 
@@ -103,7 +104,7 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   main = multihost.is_main()
   progress = Progress(rc.loop.steps, rc.output.progress and main, messages=messages and main)
   run_dir = None
-  locks = []  # the run directory's, then an external checkpoint directory's
+  locks = []  # the run directory's, then those of the other directories it writes
 
   def claim():
     path = None
@@ -111,9 +112,14 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
       path, lock = claim_run_dir(rc.output.out_dir, overwrite=rc.output.overwrite,
                                  resume=resume, message=progress.message)
       locks.append(lock)
-    ckpt_lock = claim_checkpoint_dir(rc.checkpoint.directory, path, message=progress.message)
-    locks.extend([ckpt_lock] if ckpt_lock else [])
     check_export_dir(rc.output.export_hf, path, overwrite=rc.output.overwrite, resume=resume)
+    # every other directory the run writes is held too: another run pointed at one of them is
+    # refused while this one lives
+    for claimed in (claim_checkpoint_dir(rc.checkpoint.directory, path, message=progress.message),
+                    claim_output_dir(rc.output.export_hf, "--export_hf", message=progress.message),
+                    claim_output_dir(local_store_dir(rc.rollout.weight_store),
+                                     "--weight_store=tensorstore:", message=progress.message)):
+      locks.extend([claimed] if claimed else [])
     return path
 
   try:
