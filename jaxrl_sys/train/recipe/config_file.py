@@ -144,6 +144,11 @@ def short_names(data: Mapping[str, Any]) -> dict[str, Any]:
   return {short.get(path, path): value for path, value in flat_settings(data).items()}
 
 
+def flatten(tree: Mapping[str, Any]) -> dict[str, Any]:
+  """{"section.field": value} of a nested settings tree (`reproducible`'s)."""
+  return _flat(tree)
+
+
 def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
   out: dict[str, Any] = {}
   for k, v in tree.items():
