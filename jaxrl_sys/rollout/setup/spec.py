@@ -14,6 +14,7 @@ from typing import Callable
 from jaxrl_sys.rollout.elastic.offload import OffloadConfig
 from jaxrl_sys.rollout.elastic.trace_formats import load_trace
 from jaxrl_sys.rollout.manager.config import ManagerConfig
+from jaxrl_sys.rollout.weights.factory import check_spec
 
 ROLLOUTS = ("local", "ray")
 
@@ -116,6 +117,11 @@ class RolloutSetup:
       raise ValueError(f"rollout.weight_store={self.weight_store} is for Ray workers; the local "
                        "rollout shares the trainer's weights in memory: drop "
                        "rollout.weight_store, or use rollout.rollout=ray")
+    if self.weight_store:
+      try:
+        check_spec(self.weight_store)
+      except ValueError as err:
+        raise ValueError(f"rollout.weight_store: {err}") from None
     if self.rollout == "ray" and self.weight_store == "memory":
       raise ValueError("rollout.weight_store=memory only serves in-process workers; use "
                        "rollout.weight_store=ray or rollout.weight_store=tensorstore:PATH with "
