@@ -261,15 +261,40 @@ class TensorstoreWeightStore(BackgroundStore):
       self._refs[top] = latest
     self._orphans = set(dirs) - set(self._refs)
     self._bg = BackgroundPublisher(self.url, max_pending)
-    self._bg.last = top
+    # Versions increase within this store object; the first publish may go back to a version an
+    # earlier opening committed (a run resumed from an earlier checkpoint): see `publish`.
+    self._earlier_top = top
 
   def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
+    """Publishes `version` (see `WeightStore.publish`). The first publish after opening an
+    existing root may name a version at or below the newest one committed before (a run
+    resumed from an earlier step): the versions from that one on belong to a future that did
+    not happen, and are dropped before it is written."""
     import jax  # pylint: disable=import-outside-toplevel
+    version = int(version)
+    stale: list[int] = []
+    if version <= self._earlier_top:
+      with self._lock:
+        stale = sorted(w for w in set(self._refs) | self._orphans if w >= version)
+        for w in stale:
+          self._refs.pop(w, None)
+          self._orphans.discard(w)
+    self._earlier_top = -1
     leaves, treedef = host_leaves(params, moe_state)
     tree = encode_tree(jax.tree.unflatten(treedef, list(range(len(leaves)))))
     paths = [jax.tree_util.keystr(p) for p, _ in
              jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(treedef, leaves))[0]]
-    self._bg.submit(int(version), lambda: self._write(int(version), leaves, tree, paths))
+
+    def job():
+      if stale:  # LATEST first (it may name one), then the versions, each manifest first
+        _result(self._kv.delete_range(_prefix_range("LATEST")), self.url, "deleting LATEST")
+        for w in stale:
+          self._discard(w)
+          with self._lock:
+            self._orphans.discard(w)
+      self._write(version, leaves, tree, paths)
+
+    self._bg.submit(version, job)
 
   def _put(self, key: str, value: bytes):
     """One kvstore write (a future); tests replace it to simulate a crash."""

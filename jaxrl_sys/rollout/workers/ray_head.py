@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -62,9 +63,13 @@ def start_head(*, num_cpus: int, object_store_memory: int, timeout: float = 60.0
   ray_exe = os.path.join(os.path.dirname(sys.executable), "ray")
   if not os.path.exists(ray_exe):
     raise RuntimeError(f"the Ray command line ({ray_exe}) is not installed beside Python")
+  # A private temp dir: `ray start` records its address as the machine's "current cluster"
+  # there, which a plain `ray.init()` anywhere on the machine would otherwise join (and fail
+  # on once this head is gone).
+  temp_dir = tempfile.mkdtemp(prefix="jaxrl_ray_")
   cmd = [ray_exe, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
          f"--num-cpus={num_cpus}", f"--object-store-memory={object_store_memory}",
-         "--include-dashboard=false", "--disable-usage-stats"]
+         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}"]
   # Its output goes to a file (a pipe nobody reads could fill and block it). No token
   # authentication (`ray start` turns it on; `ray.init()`'s local instance has none): the
   # driver in this process connects as to the instance `ray.init()` would have started.
@@ -73,7 +78,7 @@ def start_head(*, num_cpus: int, object_store_memory: int, timeout: float = 60.0
                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                           start_new_session=True, env=dict(
                               os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled"))
-  _HEAD.update(proc=proc, address=f"127.0.0.1:{port}", log=log)
+  _HEAD.update(proc=proc, address=f"127.0.0.1:{port}", log=log, temp_dir=temp_dir)
   atexit.register(stop_head)
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
@@ -95,7 +100,8 @@ def start_head(*, num_cpus: int, object_store_memory: int, timeout: float = 60.0
 def stop_head(grace: float = 10.0) -> None:
   """Stops the head this process started and everything in its session (Ray's daemons and the
   worker actors): SIGTERM, then SIGKILL after `grace` seconds. A no-op without one."""
-  proc, log = _HEAD.pop("proc", None), _HEAD.pop("log", None)
+  proc, log, temp_dir = _HEAD.pop("proc", None), _HEAD.pop("log", None), _HEAD.pop("temp_dir",
+                                                                                   None)
   _HEAD.clear()
   if log is not None:
     log.close()
@@ -122,3 +128,5 @@ def stop_head(grace: float = 10.0) -> None:
     except ProcessLookupError:
       pass
     break
+  if temp_dir is not None:
+    shutil.rmtree(temp_dir, ignore_errors=True)

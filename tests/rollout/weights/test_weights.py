@@ -250,8 +250,18 @@ def test_reopen_resumes_versions(tmp_path):
   store = TensorstoreWeightStore(tmp_path)
   assert store.latest() == 2
   assert_same(store.ref(1).fetch(), tree(1))  # its ref is rebuilt from the manifest
-  with pytest.raises(ValueError, match="not newer than 2"):
-    store.publish(2, *tree(2))
+  store.publish(3, *tree(3))
+  with pytest.raises(ValueError, match="not newer than 3"):  # increasing within one opening
+    store.publish(3, *tree(3))
+  store.close()
+  # A run resumed from an earlier checkpoint publishes version 2 again (issue 44: refused,
+  # "weight version 2 is not newer than 3"): versions 2 and 3 of the earlier opening are dropped.
+  resumed = TensorstoreWeightStore(tmp_path)
+  resumed.publish(2, *tree(7))
+  resumed.wait()
+  assert resumed.latest() == 2 and open_latest(tmp_path).version == 2
+  assert_same(resumed.ref(2).fetch(), tree(7))
+  assert sorted(os.listdir(tmp_path)) == ["LATEST", "v1", "v2"]
 
 
 def test_memory_store_is_zero_copy_and_refuses_to_pickle():
