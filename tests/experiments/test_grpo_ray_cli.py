@@ -58,6 +58,8 @@ def test_chaos_run_survives_a_process_group_sigterm_and_resumes_exactly(tmp_path
   ref = tmp_path / "ref"
   recipe_lib.run_recipe(recipe_lib.build_recipe(quick(steps=steps, prompts_per_step=8,
                                                       out_dir=str(ref))), messages=False)
+  current = "/tmp/ray/ray_current_cluster"  # what a plain ray.init() on this machine would join
+  before = open(current).read() if os.path.exists(current) else None
   store, out = tmp_path / "weights", tmp_path / "run"
   args = ["--rollout=ray", "--num_workers=2", "--chaos_kill_every=3", "--worker_token_delay=0.5",
           f"--steps={steps}", "--prompts_per_step=8", "--save_every=100",
@@ -82,6 +84,8 @@ def test_chaos_run_survives_a_process_group_sigterm_and_resumes_exactly(tmp_path
   lines = [x for x in (err + err2).splitlines() if x.startswith("fleet: ")]
   assert any(x.startswith("fleet: killed ") for x in lines), (err + err2)[-3000:]
   assert any(" joined (serving weight version" in x for x in lines), lines
+  # the run's own Ray head (its own session) did not make itself the machine's default cluster
+  assert (open(current).read() if os.path.exists(current) else None) == before
   ours, want = _params(out), _params(ref)
   assert ours.keys() == want.keys()
   for k in want:
