@@ -115,8 +115,8 @@ COVERAGE = {
     "python -m experiments.grpo --rollout=ray --num_workers=2 --chaos_kill_every=3 "
     "--worker_token_delay=0.5 --steps=4 --prompts_per_step=8": Mapped(
         f"{_RAY_CLI}::test_chaos_run_survives_a_process_group_sigterm_and_resumes_exactly",
-        "the same flags plus --weight_store=tensorstore:DIR, a process-group SIGTERM after "
-        "step 1, then --resume"),
+        "the same flags but --steps=2, plus --weight_store=tensorstore:DIR, a process-group "
+        "SIGTERM after step 1, then --resume"),
     "python -m experiments.grpo --rollout=ray --num_workers=3 --offload=adaptive --steps=6 "
     "--prompts_per_step=16 --preempt_trace=jaxrl_sys/data/traces/parcae/trace_hh_55_65.txt "
     "--trace_time_scale=0.05": Mapped(

@@ -15,10 +15,13 @@ schedule with `due(now) -> [TraceEvent]` (`schedules.TracePlayer` over a Bamboo 
 Workers come from a `factory(worker_id) -> Worker` (a Ray actor, a simulated instance), so
 the same fleet logic runs in real runs, tests and the simulator.
 
-Progress guarantee for random kills (`pause_kills`): a kill that comes due while no worker has
-finished starting (loaded its first weights) since the previous kill is skipped, with one line
-saying kills are paused; they resume once a worker has started. Kills faster than a worker
-starts would otherwise leave the fleet restarting forever and the step never finishing. With a
+Progress guarantee for random kills (`pause_kills`): a kill that comes due before, since the
+previous kill, a worker has finished starting (loaded its first weights) and the rollout has
+received a new token is skipped, with one line saying kills are paused; they resume once both
+happened. Kills faster than a worker starts, or faster than a worker streams its next tokens
+(a slow worker holding many requests), would otherwise leave the fleet restarting forever and
+the step never finishing; with the guarantee, each kill costs at most one start-up and one
+decode round, and the generated tokens are kept across migrations. With a
 `message` callback every kill, start, join (first weights loaded), loss and migration of
 requests off a lost worker is one line.
 """
@@ -55,8 +58,9 @@ class Fleet:
       never the only target, and however slowly workers start on a loaded host, a worker
       serves for at least one gap between two kills: kills slow the run down but cannot stop
       it. A spot trace keeps False: it replays availability in real time from the first tick.
-    pause_kills: skip a `remove` while no worker has finished starting since the previous one
-      (the progress guarantee of random kills; see the module docstring).
+    pause_kills: skip a `remove` until a worker has finished starting and a new token arrived
+      since the previous one (the progress guarantee of random kills; see the module
+      docstring).
     message: prints one line per kill, start, join, loss and migration (None: silent, as in
       the simulator).
   """
@@ -83,6 +87,8 @@ class Fleet:
     self.pause_kills, self._say = pause_kills, message
     self._ready: set[str] = set()  # workers that loaded their first weights
     self._started_since_kill = True
+    self._tokens = 0  # the manager's token count, now and at the last kill
+    self._tokens_at_kill = -1
     self._paused = False
     self.skipped_kills = 0
     self._migrated = (0, 0)  # the manager's (migrated, tokens_kept) counters last seen
@@ -122,9 +128,13 @@ class Fleet:
         self.log.append((now, "join", w.worker_id))
         self._started_since_kill = True
         self._message(f"fleet: {w.worker_id} joined (serving weight version {ws.version})")
-        if self._paused:
-          self._paused = False
-          self._message(f"fleet: kills resumed ({w.worker_id} finished starting)")
+    self._tokens = int(getattr(getattr(manager, "stats", None), "tokens", 0))
+    if self._paused and self._may_kill():
+      self._paused = False
+      self._message("fleet: kills resumed (a worker finished starting and tokens arrived)")
+
+  def _may_kill(self) -> bool:
+    return self._started_since_kill and self._tokens > self._tokens_at_kill
 
   def _migrations(self, manager) -> None:
     stats = getattr(manager, "stats", None)
@@ -137,20 +147,21 @@ class Fleet:
 
   def _remove(self, node: str, now: float) -> None:
     w = self.workers.get(node)
-    if self.pause_kills and w is not None and not self._started_since_kill:
+    if self.pause_kills and w is not None and not self._may_kill():
       self.skipped_kills += 1
       self.log.append((now, "kill skipped", node))
       if not self._paused:
         self._paused = True
-        self._message("fleet: kills paused: no worker has finished starting since the last "
-                      "kill (kills faster than a worker starts would stop all progress); they "
-                      "resume when one has")
+        self._message("fleet: kills paused: since the last kill no worker has finished "
+                      "starting, or no token arrived (kills faster than workers start or stream "
+                      "would stop all progress); they resume when both happened")
       return
     self.available.discard(node)
     self.workers.pop(node, None)
     if w is not None:
       self._preempt(w)
       self._started_since_kill = False
+      self._tokens_at_kill = self._tokens
       self.log.append((now, "preempt", w.worker_id))
       self._message(f"fleet: killed {w.worker_id}")
 
