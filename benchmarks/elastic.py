@@ -42,7 +42,7 @@ import ml_dtypes, numpy, tensorstore
 from jaxrl_sys.rollout.weights.tensorstore import TensorstoreWeightRef
 ref = TensorstoreWeightRef(**json.loads(sys.argv[1]))
 t = time.perf_counter()
-ref.fetch()
+ref.load()
 print(json.dumps(time.perf_counter() - t))
 """
 _RAW_READER = """
@@ -109,7 +109,7 @@ def _subprocess_seconds(code: str, arg) -> float:
 def _publish(store, params, version: int, rollout_dtype: str) -> tuple[float, float]:
   from jaxrl_sys.train.precision import rollout_weights  # pylint: disable=import-outside-toplevel
   t = time.perf_counter()
-  store.publish(version, rollout_weights(params, rollout_dtype), None)
+  store.publish(rollout_weights(params, rollout_dtype), version, None)
   block = time.perf_counter() - t
   store.wait()
   return block, time.perf_counter() - t
@@ -120,7 +120,7 @@ def _tensorstore_row(params, dtype: str, repeats: int, root: str) -> dict:
   store = ts_weights.TensorstoreWeightStore(root)
   pubs = [_publish(store, params, v, dtype) for v in range(1, repeats + 1)]
   store.gc(in_use=[])
-  ref = store.ref()
+  ref = store.published()
   with open(os.path.join(root, f"v{ref.version}", "manifest.json")) as f:
     files = [(os.path.join(root, f"v{ref.version}", a["key"]), a["nbytes"])
              for a in json.load(f)["arrays"]]
@@ -147,7 +147,7 @@ def _ray_rows(sizes: list[int], dtypes: list[str], repeats: int) -> list[dict]:
       import jaxrl_sys.rollout.weights.ray  # noqa: F401  pylint: disable=unused-import
 
     def fetch(self, box) -> float:
-      return _timed(box["ref"].fetch)
+      return _timed(box["ref"].load)
 
     def raw(self, box) -> float:
       return _timed(lambda: ray.get(box["blob"]))
@@ -158,7 +158,7 @@ def _ray_rows(sizes: list[int], dtypes: list[str], repeats: int) -> list[dict]:
     store = ray_weights.RayWeightStore()
     pubs = [_publish(store, params, v, dtype) for v in range(1, repeats + 1)]
     store.gc(in_use=[])
-    ref = store.ref()
+    ref = store.published()
     blob = ray.put(np.random.default_rng(0).bytes(ref.nbytes))
     fetch, raw = [], []
     for _ in range(repeats):

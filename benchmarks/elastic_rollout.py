@@ -58,7 +58,7 @@ def _manager(workers, params, version, **cfg):
   store = RayWeightStore() if any(not w.synchronous for w in workers) else None
   m = RolloutManager(workers, store=store, config=ManagerConfig(balance=False, **cfg))
   m.publish(params, version)
-  while any(ws.version < version for ws in m.workers.values()):  # pull + warm up, untimed
+  while any(ws.version < version for ws in m.fleet.values()):  # load + warm up, untimed
     m.round()
     time.sleep(0.01)
   return m
@@ -87,7 +87,8 @@ def part_b(args) -> dict:
     ws = _ray_workers(2, args.b_requests, f"b{version[0]}-")
     m = _manager(ws, params, version[0], migrate_tokens=migrate)
     secs, _ = _run(m, reqs(), None if kill_frac is None else kill_frac * base, ws[0])
-    kept, lost = m.stats.tokens_kept, m.stats.tokens_discarded
+    stats = m.fleet.stats
+    kept, lost = stats.tokens_kept, stats.tokens_discarded
     m.close()
     return secs, kept, lost
 

@@ -220,7 +220,7 @@ def main(argv):
 def _train(jax, recipe_lib, DivergenceError):  # pylint: disable=invalid-name
   """Builds and runs the recipe; returns the exit status."""
   # pylint: disable-next=import-outside-toplevel
-  from jaxrl_sys.rollout.manager import RequestFailedError, RolloutStalledError, WeightPullError
+  from jaxrl_sys.rollout.manager import RequestFailedError, RolloutStalledError, WeightLoadError
   from jaxrl_sys.rollout.weights import WeightPublishError  # pylint: disable=import-outside-toplevel
   try:
     rc = recipe_from_flags()
@@ -239,7 +239,7 @@ def _train(jax, recipe_lib, DivergenceError):  # pylint: disable=invalid-name
     print(f"interrupted ({what}); the checkpoint save in flight, if any, was written: continue "
           "with --resume", file=sys.stderr)
     return 130
-  except (RequestFailedError, RolloutStalledError, WeightPullError, WeightPublishError) as e:
+  except (RequestFailedError, RolloutStalledError, WeightLoadError, WeightPublishError) as e:
     print(f"error: rollout: {e}", file=sys.stderr)  # checkpoints already saved are kept
     return 1
   run = result.run

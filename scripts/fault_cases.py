@@ -565,14 +565,14 @@ m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())])
 m.publish(p, 0)
 m.submit(common.make_requests(1))
 m.poll(timeout=60)
-""", "WeightPullError", r"wrong shape: \['embed'\]"),
+""", "WeightLoadError", r"wrong shape: \['embed'\]"),
     ("int32 published params", _ROLLOUT_SETUP + """
 p = jax.tree.map(lambda x: x.astype(jnp.int32), common.params())
 m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())])
 m.publish(p, 0)
 m.submit(common.make_requests(1))
 m.poll(timeout=60)
-""", "WeightPullError", "not floating point"),
+""", "WeightLoadError", "not floating point"),
     ("submit with no workers", _ROLLOUT_SETUP + """
 m = RolloutManager([])
 m.publish(common.params(), 0)
@@ -591,7 +591,7 @@ store.wait()
 flip_largest_file(os.path.join(d, "v0"))
 m.submit(common.make_requests(2))
 m.poll(timeout=60)
-""", "WeightPullError", "weight version 0 could not be loaded .*CorruptWeightsError"),
+""", "WeightLoadError", "weight version 0 could not be loaded .*CorruptWeightsError"),
 ]
 
 

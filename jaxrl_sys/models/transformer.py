@@ -35,10 +35,13 @@ Params = dict[str, Any]
 class ForwardOutput(NamedTuple):
   """hidden: final-normed hidden states `[batch, seq, hidden]` (compute dtype);
   cache: the updated KVCache or None; aux: dict of per-layer auxiliary outputs (MoE stats,
-  stacked on a leading `[layers]` axis), empty for dense models."""
+  stacked on a leading `[layers]` axis), empty for dense models; routes: the MoE routing of
+  every token (`models.moe.replay.Routes`, `[batch, seq, layers, k]`) when `return_routes`,
+  else None."""
   hidden: jax.Array
   cache: kvc.KVCache | None
   aux: dict
+  routes: Any = None
 
 
 def _normal(key, shape, dtype, std=0.02):
@@ -159,7 +162,8 @@ def _decode_attention(q, k, v, kc, vc, kv_valid, lengths, new_valid, scale, impl
 
 def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None, positions=None,
             segment_ids=None, cache: kvc.KVCache | None = None, moe_state: Any = None,
-            kv_window: int | None = None, unroll_layers: bool = False) -> ForwardOutput:
+            kv_window: int | None = None, unroll_layers: bool = False, routes: Any = None,
+            per_token_routing: bool | None = None, return_routes: bool = False) -> ForwardOutput:
   """Runs the decoder stack.
 
   Args:
@@ -181,9 +185,17 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
     unroll_layers: static; without a cache, unroll the scan over layers. XLA:CPU then runs no
       while loop and stacks no per-layer residuals for the backward pass (about 15% faster
       training steps for shallow models), at the cost of compiling every layer separately.
+    routes: MoE only: recorded routes to replay (`models.moe.replay.Routes`, experts
+      `[batch, seq, layers, k]`): the positions of `routes.mask` use the recorded experts, with
+      gates from the live router scores (router gradients flow); None routes live.
+    per_token_routing: MoE only: route every token on its own with the stored balancing state
+      (no BIP sweeps, no capacity drop), so a token's experts do not depend on its batch-mates;
+      False routes the batch as a whole (BIP sweeps and capacity over the batch, as training
+      does). Default: per token with a cache (inference), by batch without (training).
+    return_routes: MoE only: also return the routing of every position (`ForwardOutput.routes`).
 
   Returns:
-    ForwardOutput(hidden `[batch, seq, hidden]`, new cache or None, aux dict).
+    ForwardOutput(hidden `[batch, seq, hidden]`, new cache or None, aux dict, routes or None).
   """
   c = config
   b, t = tokens.shape
@@ -196,25 +208,45 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
   x = params["embed"][tokens].astype(c.cdtype)
   cos, sin = rope_cos_sin(positions, c.rope, c.head_dim, c.cdtype)
   scale = c.head_dim ** -0.5
+  per_token = cache is not None if per_token_routing is None else bool(per_token_routing)
+  if c.moe is None and (routes is not None or return_routes):
+    raise ValueError("routes / return_routes need an MoE model (config.moe is None)")
+  route_xs, forced_mask = None, None
+  if routes is not None:
+    from jaxrl_sys.models.moe import replay  # pylint: disable=import-outside-toplevel
+    ex, forced_mask, act = replay.as_layer_major(routes, b, t, c.num_layers,
+                                                 c.moe.num_experts_per_tok)
+    route_xs = (ex, act)
 
-  def ffn(p, x, lstate):
+  def ffn(p, x, lstate, rxs):
     h = rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
     if c.moe is None:
       return x + swiglu_mlp(p["mlp"], h), {}
     from jaxrl_sys.models.moe import block as moe  # pylint: disable=import-outside-toplevel
-    out, aux = moe.moe_block(p["moe"], h, c, lstate, token_mask=mask)
+    forced = None if rxs is None else moe.Forced(rxs[0], forced_mask, rxs[1])
+    out, aux = moe.moe_block(p["moe"], h, c, lstate, token_mask=mask, forced=forced,
+                             per_token=per_token, return_experts=return_routes)
     return x + out, aux
+
+  def finish(hidden, new_cache, aux):
+    out_routes = None
+    if return_routes:
+      from jaxrl_sys.models.moe import replay  # pylint: disable=import-outside-toplevel
+      aux = dict(aux)
+      out_routes = replay.from_layer_major(aux.pop("experts"), aux.pop("active"), mask,
+                                           c.moe.num_experts)
+    return ForwardOutput(hidden, new_cache, aux, out_routes)
 
   if cache is None:
     def layer(x, xs):
-      p, lstate = xs
+      p, lstate, rxs = xs
       q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
       x = x + _out_proj(p["attn"], _self_attention(q, k, v, seg, scale, c.attention_impl), x.dtype)
-      return ffn(p, x, lstate)
+      return ffn(p, x, lstate, rxs)
 
-    x, aux = jax.lax.scan(layer, x, (params["layers"], moe_state),
+    x, aux = jax.lax.scan(layer, x, (params["layers"], moe_state, route_xs),
                           unroll=True if unroll_layers else 1)
-    return ForwardOutput(rms_norm(x, params["final_norm"], c.rms_norm_eps), None, aux)
+    return finish(rms_norm(x, params["final_norm"], c.rms_norm_eps), None, aux)
 
   if cache.batch != b and t != 1:
     raise ValueError(f"cache holds {cache.batch} rows but tokens have {b}: only one-token "
@@ -234,15 +266,15 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
     live = mask[:, 0] > 0
 
     def decode_layer(x, xs):
-      p, lstate, kc, vc = xs
+      p, lstate, rxs, kc, vc = xs
       q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
       out = _decode_attention(q, k, v, kc[:b, :w], vc[:b, :w], view.kv_valid[:, :w],
                               view.write_pos, live, scale, c.attention_impl)
-      x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype), lstate)
+      x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype), lstate, rxs)
       return x, (k[:, 0], v[:, 0], aux)
 
-    x, (k_new, v_new, aux) = jax.lax.scan(decode_layer, x,
-                                          (params["layers"], moe_state, cache.k, cache.v))
+    x, (k_new, v_new, aux) = jax.lax.scan(
+        decode_layer, x, (params["layers"], moe_state, route_xs, cache.k, cache.v))
     dst = jnp.where(live, slots[:, 0], cache.max_len)      # out of range: dropped
     k_all = cache.k.at[:, rows[:, 0], dst].set(k_new.astype(cache.k.dtype), mode="drop")
     v_all = cache.v.at[:, rows[:, 0], dst].set(v_new.astype(cache.v.dtype), mode="drop")
@@ -256,18 +288,18 @@ def forward(params: Params, config: ModelConfig, tokens, *, attention_mask=None,
     attn_mask = kvc.chunk_mask(cache, kv_after, t)
 
     def chunk_layer(x, xs):
-      p, lstate, kc, vc = xs
+      p, lstate, rxs, kc, vc = xs
       q, k, v = _qkv(p["attn"], rms_norm(x, p["attn_norm"], c.rms_norm_eps), cos, sin, c)
       kc = kc.at[rows, slots].set(k.astype(kc.dtype), mode="drop")
       vc = vc.at[rows, slots].set(v.astype(vc.dtype), mode="drop")
       out = masked_attention(q, kc.astype(x.dtype), vc.astype(x.dtype), attn_mask, scale)
-      x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype), lstate)
+      x, aux = ffn(p, x + _out_proj(p["attn"], out, x.dtype), lstate, rxs)
       return x, (kc, vc, aux)
 
-    x, (k_all, v_all, aux) = jax.lax.scan(chunk_layer, x,
-                                          (params["layers"], moe_state, cache.k, cache.v))
+    x, (k_all, v_all, aux) = jax.lax.scan(
+        chunk_layer, x, (params["layers"], moe_state, route_xs, cache.k, cache.v))
   hidden = rms_norm(x, params["final_norm"], c.rms_norm_eps)
-  return ForwardOutput(hidden, kvc.KVCache(k_all, v_all, kv_after, write_after, next_after), aux)
+  return finish(hidden, kvc.KVCache(k_all, v_all, kv_after, write_after, next_after), aux)
 
 
 def last_valid_index(mask) -> jax.Array:

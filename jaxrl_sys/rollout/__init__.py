@@ -8,7 +8,7 @@ engines), `wire` (exact JSON encoding of requests for checkpoints), `clock` (`Cl
 Wings:
 - `engine/` (JAX): `Engine(model_config, params, EngineConfig(...), version)`: continuous
   batching over fixed slots, shared-prompt prefill, token streaming, resumable requests, abort,
-  weight swap; `slots` (the jitted device functions).
+  weight loads; `slots` (the jitted device functions).
 - `workers/`: the plain-data worker protocol (`Commands` in, `WorkerReport` out, `WorkerLost`;
   numpy only), `WorkerServer` / `InProcessWorker` (engine side), `ThreadWorker` (engines of this
   process on threads of their own), Ray actors in `workers.ray` (imports Ray).
@@ -16,7 +16,8 @@ Wings:
   Ray stores, and `make_weight_store(spec)` (backends looked up by name).
 - `manager/` (numpy only): `RolloutManager(workers, store, ManagerConfig(...), clock)`, the
   RolloutClient over workers that come and go (token-level state, routing with version gating,
-  migration on loss, continuous load balancing, weight pulls).
+  migration on loss, continuous load balancing, weight loads); `FleetView`, its read-only
+  face for `elastic/` and the simulator.
 - `elastic/` (numpy only): `Fleet`, the offload controller, preemption schedules, spot traces.
 - `setup/`: where rollout runs (`RolloutSetup`) and `make_client`, which builds every client
   by name (in-process, thread, Ray).
@@ -45,8 +46,9 @@ _NAMES = {
     "ManagerConfig": "jaxrl_sys.rollout.manager", "ManagerStats": "jaxrl_sys.rollout.manager",
     "RequestFailedError": "jaxrl_sys.rollout.manager",
     "RolloutStalledError": "jaxrl_sys.rollout.manager",
-    "WeightPullError": "jaxrl_sys.rollout.manager",
-    "RolloutManager": "jaxrl_sys.rollout.manager",
+    "WeightLoadError": "jaxrl_sys.rollout.manager",
+    "RolloutManager": "jaxrl_sys.rollout.manager", "FleetView": "jaxrl_sys.rollout.manager",
+    "WorkerView": "jaxrl_sys.rollout.manager",
 }
 __getattr__, __dir__ = lazy_attributes(__name__, _NAMES)
 __all__ = sorted(_NAMES)

@@ -45,6 +45,12 @@ class Request:
     min_version: the oldest weight version allowed to generate the remaining tokens (for
       strict on-policy routing), or -1 for any.
     meta: free-form task data (e.g. the reference answer); not interpreted by engines.
+    routes: MoE policies: `[m, layers, k]` expert ids (uint8 up to 256 experts) of the
+      sequence positions fed to the model so far, in order: `prompt + tokens[:-1]`, so
+      `m = len(prompt) + num_generated - 1` (position i's routes produced the token at i + 1);
+      None or `m = 0` when none are recorded (a fresh request, a dense policy). They travel
+      with the tokens: a resumed request's prefix is re-prefilled with them forced, and the
+      trainer replays them (routing replay R3, `models.moe.replay`).
   """
   request_id: int
   prompt: np.ndarray
@@ -56,6 +62,7 @@ class Request:
   versions: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0,), np.int32))
   min_version: int = -1
   meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+  routes: np.ndarray | None = None
 
   def __post_init__(self):
     self.prompt = np.asarray(self.prompt, np.int32).reshape(-1)
@@ -70,6 +77,26 @@ class Request:
     if self.max_new_tokens < len(self.tokens):
       raise ValueError(f"request {self.request_id}: {len(self.tokens)} tokens already exceed "
                        f"max_new_tokens={self.max_new_tokens}")
+    if self.routes is not None:
+      self.routes = np.asarray(self.routes)
+      if self.routes.ndim != 3 or self.routes.dtype.kind not in "ui":
+        raise ValueError(f"request {self.request_id}: routes must be an integer array "
+                         f"[positions, layers, k], got {self.routes.dtype} "
+                         f"{list(self.routes.shape)}")
+      self._check_routes()
+
+  @property
+  def num_routed(self) -> int:
+    """Sequence positions whose routes are recorded (0 when none)."""
+    return 0 if self.routes is None else int(self.routes.shape[0])
+
+  def _check_routes(self) -> None:
+    want = len(self.prompt) + len(self.tokens) - 1
+    if self.num_routed not in (0, want):
+      raise ValueError(
+          f"request {self.request_id}: routes of {self.num_routed} positions for a prompt of "
+          f"{len(self.prompt)} and {len(self.tokens)} tokens; a request records none or one per "
+          f"fed position (prompt + tokens - 1 = {want})")
 
   @property
   def num_generated(self) -> int:
@@ -79,12 +106,37 @@ class Request:
   def remaining(self) -> int:
     return int(self.max_new_tokens - len(self.tokens))
 
-  def extend(self, tokens, logprobs, version: int) -> None:
-    """Appends streamed tokens (all produced by weight `version`)."""
+  def extend(self, tokens, logprobs, version: int, routes=None) -> None:
+    """Appends streamed tokens (all produced by weight `version`) and, for an MoE policy, the
+    routes they add (`TokenChunk.routes`): afterwards the routes cover every fed position. A
+    chunk that breaks that raises ValueError and leaves the request as it was."""
     tokens = np.asarray(tokens, np.int32).reshape(-1)
+    new_routes = self.routes
+    if routes is not None:
+      routes = np.asarray(routes)
+      old = self.routes if self.num_routed else np.zeros((0,) + routes.shape[1:], routes.dtype)
+      new_routes = np.concatenate([old, routes.astype(old.dtype)])
+      want = len(self.prompt) + len(self.tokens) + len(tokens) - 1
+      if len(new_routes) != want:
+        raise ValueError(
+            f"request {self.request_id}: routes of {len(new_routes)} positions for a prompt of "
+            f"{len(self.prompt)} and {len(self.tokens) + len(tokens)} tokens; a request records "
+            f"none or one per fed position (prompt + tokens - 1 = {want})")
+    elif self.num_routed and len(tokens):
+      raise ValueError(f"request {self.request_id}: {len(tokens)} tokens without routes extend "
+                       "a request that records routes")
+    self.routes = new_routes
     self.tokens = np.concatenate([self.tokens, tokens])
     self.logprobs = np.concatenate([self.logprobs, np.asarray(logprobs, np.float32).reshape(-1)])
     self.versions = np.concatenate([self.versions, np.full(len(tokens), version, np.int32)])
+
+  def truncate(self, n: int) -> None:
+    """Keeps the first `n` generated tokens (with their log-probs, versions and routes)."""
+    n = int(n)
+    self.tokens, self.logprobs = self.tokens[:n], self.logprobs[:n]
+    self.versions = self.versions[:n]
+    if self.num_routed:
+      self.routes = self.routes[:len(self.prompt) + len(self.tokens) - 1]
 
 
 @dataclasses.dataclass
@@ -92,7 +144,11 @@ class TokenChunk:
   """Tokens streamed by an engine for one request since its last chunk.
 
   `start` is the response index of `tokens[0]` (so a manager can detect gaps/duplicates);
-  `finish` is None while the request is still running.
+  `finish` is None while the request is still running. `routes` (MoE policies, else None):
+  `[m, layers, k]` expert ids of the positions this chunk adds to the request's route record
+  (`Request.routes`): one per token, the fed position that produced it, preceded on a request's
+  first chunk from an engine that routed its prefix live by that prefix's routes (then
+  `m = len(tokens) + prefix length`); `Request.extend` appends them.
   """
   request_id: int
   start: int
@@ -100,6 +156,19 @@ class TokenChunk:
   logprobs: np.ndarray
   version: int
   finish: FinishReason | None = None
+  routes: np.ndarray | None = None
+
+  def split(self) -> list["TokenChunk"]:
+    """One chunk per token (`finish` on the last; the prefix routes go with the first)."""
+    n = len(self.tokens)
+    extra = 0 if self.routes is None else len(self.routes) - n
+    out = []
+    for j in range(n):
+      r = None if self.routes is None else self.routes[(0 if j == 0 else extra + j):extra + j + 1]
+      out.append(TokenChunk(self.request_id, self.start + j, self.tokens[j:j + 1],
+                            self.logprobs[j:j + 1], self.version,
+                            self.finish if j == n - 1 else None, r))
+    return out
 
 
 @dataclasses.dataclass

@@ -30,12 +30,16 @@ def decode_array(d: dict) -> np.ndarray:
 
 
 def request_to_json(r: Request) -> dict:
-  """A `Request` with its token-level state as a JSON-ready dict."""
-  return {"request_id": int(r.request_id), "max_new_tokens": int(r.max_new_tokens),
-          "group_id": int(r.group_id), "min_version": int(r.min_version), "meta": r.meta,
-          "prompt": encode_array(r.prompt), "key": encode_array(r.key),
-          "tokens": encode_array(r.tokens), "logprobs": encode_array(r.logprobs),
-          "versions": encode_array(r.versions)}
+  """A `Request` with its token-level state (and its MoE routes, when recorded) as a JSON-ready
+  dict."""
+  out = {"request_id": int(r.request_id), "max_new_tokens": int(r.max_new_tokens),
+         "group_id": int(r.group_id), "min_version": int(r.min_version), "meta": r.meta,
+         "prompt": encode_array(r.prompt), "key": encode_array(r.key),
+         "tokens": encode_array(r.tokens), "logprobs": encode_array(r.logprobs),
+         "versions": encode_array(r.versions)}
+  if r.routes is not None:
+    out["routes"] = encode_array(r.routes)
+  return out
 
 
 def request_from_json(d: dict) -> Request:
@@ -44,4 +48,5 @@ def request_from_json(d: dict) -> Request:
                  max_new_tokens=d["max_new_tokens"], key=decode_array(d["key"]),
                  group_id=d["group_id"], tokens=decode_array(d["tokens"]),
                  logprobs=decode_array(d["logprobs"]), versions=decode_array(d["versions"]),
-                 min_version=d["min_version"], meta=dict(d["meta"]))
+                 min_version=d["min_version"], meta=dict(d["meta"]),
+                 routes=decode_array(d["routes"]) if "routes" in d else None)

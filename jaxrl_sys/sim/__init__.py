@@ -6,8 +6,8 @@ real rollout manager on a virtual clock is built on top of them. Every figure's 
 
 - `hardware`: `Hardware` (GPU figures and efficiencies; `H100`), `Network` (frontend NICs;
   `GCP_A3`: 200 Gbps per 8xH100 node, 50 Gbps per 2xH100 instance).
-- `decode`: `DecodeCurve` (step time = fixed + per_seq * batch + per_ctx_token * batch * ctx,
-  KV capacity) and `plateau_batch(curve, frac, mean_context, max_batch)` (RLBoost's B).
+- `decode`: `DecodeCurve` (step time = max(host, fixed + per_seq * batch + per_ctx_token *
+  batch * ctx), KV capacity) and `plateau_batch(curve, frac, mean_context, max_batch)` (B).
 - `presets`: `ModelArch`, `ModelPreset`, `derive_preset(...)`, `QWEN3_8B`, `QWEN3_14B`,
   `QWEN3_32B`, `PRESETS`, `get_preset(name)`.
 - `timing`: `decode_step_time`, `decode_throughput`, `max_decode_batch`, `prefill_time`,
@@ -22,10 +22,14 @@ real rollout manager on a virtual clock is built on top of them. Every figure's 
 - `calibrate`: `fit_decode_curve`, `calibrate_from_measurement(...)`,
   `calibrate_from_benchmarks(generate, grpo_step, rollout_engine)` (our benchmarks' JSON).
 
-- `fit`: `InstanceFit` (decode / attention / prefill scales, lengths, memory fraction, batch
-  cap), `FITTED` (fitted to RLBoost's static-pool points), `ROOFLINE`, `fitted_presets()`.
-- `paper`: RLBoost's published figures (`CALIBRATION`, `VALIDATION`), `static_pool`,
-  `calibration_points`, `validation_points`, `paper_table`.
+- `fit`: `InstanceFit` (decode / attention / prefill scales, host time per step, lengths,
+  memory fraction, batch cap, training scale), `FITTED` (fitted to RLBoost's static-pool points
+  and to what its controller settles on), `ROOFLINE`, `fitted_presets()`.
+- `points`: ours for the calibration figures (`calibration_points`, `release_points`,
+  `static_pool`, `pool_config`; plans `FULL` and `FAST`); `held_out`: ours for the held-out ones
+  (`bamboo_table`, `ablations`, `break_even`); `paper`: RLBoost's figures (`CALIBRATION`,
+  `CONTROLLER`, `RELEASE_8B`, `HELD_OUT`), their two-sided `BANDS`, `paper_table`,
+  `paper_report`.
 Spot traces (parsing, segments, sampling, replay) are in `jaxrl_sys.rollout.elastic.traces`;
 the file formats in `jaxrl_sys.rollout.elastic.trace_formats`.
 """

@@ -60,6 +60,7 @@ class SimCluster:
     self.due_at = -1.0
     self.manager = None
     self._pairs = 0
+    self.pull_seconds: list[float] = []  # each finished remote pull: asked for -> loaded
 
   # ----- workers -------------------------------------------------------------------------------
   def make_local(self, worker_id: str) -> SimWorker:
@@ -85,8 +86,7 @@ class SimCluster:
   def has_commands(self, worker_id: str) -> bool:
     """Whether the manager holds commands for `worker_id` (read-only: the simulated long poll
     returns early so that they go out, as a real worker's 50 ms long poll lets them)."""
-    ws = None if self.manager is None else self.manager.workers.get(worker_id)
-    return ws is not None and not ws.commands.empty()
+    return self.manager is not None and self.manager.fleet.has_commands(worker_id)
 
   def next_external(self) -> float:
     """Clock time of the next trace event (inf: none)."""
@@ -96,7 +96,7 @@ class SimCluster:
   def reap(self, manager, now: float) -> None:
     """Tick hook: an instance the manager dropped (retired by the fleet) is released."""
     for wid, w in self.workers.items():
-      if w.ended is None and not w.local and wid not in manager.workers:
+      if w.ended is None and not w.local and wid not in manager.fleet:
         w.kill()
 
   def on_end(self, w: SimWorker, now: float) -> None:

@@ -11,7 +11,7 @@ a held-out run, and one counterfactual with the spot fleet capped (diagnostics, 
   averaged ratios (an approximation where segments differ).
 - `step_means`: per run, the mean over its steps of the `StepRecord` fields the controller
   works with, plus the run's spot and reserved dollars.
-- `diagnostic_rows`: the held-out segments (as `paper.validation_points` runs them) for
+- `diagnostic_rows`: the held-out segments (as `held_out.bamboo_table` runs them) for
   co-located veRL, RLBoost, and RLBoost with `SimConfig.max_spot_instances` set (the
   counterfactual; not adopted: it is not Algorithm 1, and choosing it from the held-out figures
   would be tuning on them).
@@ -47,10 +47,10 @@ def implied_spot_instances(x: float, ce: float, reserved_nodes: int,
 
 def implied_counts(figures: dict[str, float] | None = None,
                    prices: Prices = RLBOOST_PRICES) -> dict[str, float]:
-  """{"8B": n, "14B": n, "32B": n} from the paper's Bamboo figures (`paper.VALIDATION`), each
+  """{"8B": n, "14B": n, "32B": n} from the paper's Bamboo figures (`paper.HELD_OUT`), each
   on its preset's reserved nodes and instance size."""
-  from jaxrl_sys.sim.paper import VALIDATION  # pylint: disable=import-outside-toplevel
-  fig = VALIDATION if figures is None else figures
+  from jaxrl_sys.sim.paper import HELD_OUT  # pylint: disable=import-outside-toplevel
+  fig = HELD_OUT if figures is None else figures
   out = {}
   for name, label in LABELS.items():
     p = get_preset(name)
@@ -91,10 +91,10 @@ def diagnostic_rows(trace: Trace, caps: dict[str, int] | None, fit: InstanceFit 
   """Rows (`experiment.run_grid`) of the held-out segments for `presets`: co-located, RLBoost
   and, where `caps` names the preset's label, RLBoost with at most that many spot instances
   (setting `CAPPED`)."""
-  from jaxrl_sys.sim.paper import validation_bases  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.sim.held_out import bamboo_bases  # pylint: disable=import-outside-toplevel
   segment_hours, segs = experiment.plan_segments(trace.sample(sample, seed), segment_hours,
                                                  indices)
-  bases = validation_bases(fit, segment_hours, seed)
+  bases = bamboo_bases(fit, segment_hours, seed)
   rows = []
   for name in presets:
     settings = [SETTINGS["colocated"], SETTINGS["rlboost"]]
@@ -114,15 +114,17 @@ def summarize(rows: Sequence[dict[str, Any]],
   `step_means` fields averaged over segments; `per_segment`: one entry per
   "setting segment" instead (no averaging)."""
   out: dict[str, dict[str, dict[str, float]]] = {}
-  # Each run is compared with the co-located run of its own segment.
+  # Each run is compared with the co-located run of its own segment; a co-located run without
+  # a segment (the grid runs it once: it does not use the trace) stands for every segment.
   co = {(r["preset"], r["segment"]): r["result"] for r in rows if r["setting"] == "colocated"}
   for name, label in LABELS.items():
     p = get_preset(name)
     per: dict[str, list[dict[str, float]]] = {}
     for r in rows:
-      if r["preset"] != name or (name, r["segment"]) not in co:
+      c = co.get((name, r["segment"])) or co.get((name, None))
+      if r["preset"] != name or c is None:
         continue
-      res, c = r["result"], co[(name, r["segment"])]
+      res = r["result"]
       m = step_means(res, p.train_nodes, p.gpus_per_node, p.gpus_per_instance)
       if r["setting"] != "colocated":
         m["x"] = res["throughput"] / c["throughput"]

@@ -58,7 +58,7 @@ _KEY = np.zeros(2, np.uint32)
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-  """The RL batch (RLBoost's setup, spec/rlboost.md 1.7: 128 prompts x 8, max response 14K).
+  """The RL batch (RLBoost's setup, RLBOOST.md 1.7: 128 prompts x 8, max response 14K).
 
   Attributes:
     prompts_per_step: B, prompts (groups) per step.
@@ -79,9 +79,14 @@ class Workload:
 
 # The manager as the simulator runs it: ManagerConfig's defaults except where the virtual clock
 # asks otherwise (waits end at the next event anyway; reports come every 10 s of virtual time;
-# a trace may leave no instance for hours, which is what is studied, not a stall).
-SIM_MANAGER = ManagerConfig(poll_interval=10.0, startup_timeout=600.0, stall_timeout=math.inf)
-# RLBoost's released controller: first window 150 s, floor 5 s, rate 1/3 (spec 1.2, 8).
+# a trace may leave no instance for hours, which is what is studied, not a stall). The simulated
+# store is healthy by construction (`sim.store`): a pull ends when the link has moved its bytes
+# (`sim.senders`), however many instances share the link, and under the synchronous-push
+# ablation an instance that starts mid-step waits for the next step's push, which may come more
+# than an hour later. The pull deadline, which detects stores that fail, is therefore off.
+SIM_MANAGER = ManagerConfig(poll_interval=10.0, startup_timeout=600.0, stall_timeout=math.inf,
+                            load_timeout=math.inf)
+# RLBoost's released controller: first window 150 s, floor 5 s, rate 1/3 (RLBOOST.md 1.2, 8).
 SIM_OFFLOAD = OffloadConfig(t_init=150.0, t_min=5.0)
 
 
@@ -229,7 +234,7 @@ class Simulation:
         continue
       if m.round():
         continue
-      ws = [s.worker for s in m.workers.values() if s.outstanding]
+      ws = [self.cluster.workers[w] for w in m.fleet.outstanding()]
       left = end - self.clock.now()
       if ws:
         SimWorker.wait_any(ws, left, self.clock)
@@ -248,8 +253,9 @@ class Simulation:
     self._check_horizon()
 
   def _local_idle(self) -> bool:
-    return not any(self.manager.workers[w.worker_id].assigned for w in self.cluster.local()
-                   if w.worker_id in self.manager.workers)
+    fleet = self.manager.fleet
+    return not any(fleet[w.worker_id].assigned for w in self.cluster.local()
+                   if w.worker_id in fleet)
 
   def _watchdog(self, manager, now: float) -> None:
     """Fails loudly if the manager keeps acting without virtual time passing (a livelock)."""
@@ -265,7 +271,7 @@ class Simulation:
     trainer's engines take the work back (instances that start later wait for the next step)."""
     if self.driver.handed_off and not self.cluster.can_serve(self.version):
       for w in self.cluster.local():
-        if w.worker_id in manager.workers:
+        if w.worker_id in manager.fleet:
           manager.set_accepting(w.worker_id, True)
 
   # ----- one step ------------------------------------------------------------------------------
@@ -287,7 +293,7 @@ class Simulation:
     b = wl.prompts_per_step
     t0 = clock.now()
     self._groups, self._tokens, self._ready = {}, {}, []
-    stats0 = m.stats.counters()
+    stats0 = m.fleet.stats.counters()
     m.submit(self._requests(self.version))
     self.driver.begin_step(m)
     deadline = self.driver.deadline()
@@ -320,7 +326,7 @@ class Simulation:
     self._train_for(preset.step_overhead_s)
     t_train += preset.step_overhead_s
     offload = self.driver.end_step(m, t_wait, t_train)
-    stats1 = m.stats.counters()
+    stats1 = m.fleet.stats.counters()
     rec = StepRecord(
         step=self.version, start=t0, end=clock.now(), handoff=t_handoff, tokens=tokens,
         prompt_tokens=b * wl.group_size * wl.prompt_tokens, t_wait_train=t_wait,
@@ -340,6 +346,7 @@ class Simulation:
     self.manager.publish(None, 0)
     self.driver.apply_cap(self.manager)  # Algorithm 1: at most N_resv before step 0
     self.manager.round()  # the fleet starts the instances live at the start, within the cap
+    self.cluster.broadcast(0)  # synchronous push: the instances up at the start get version 0
     try:
       while c.max_steps is None or len(self.steps) < c.max_steps:
         self._check_horizon()

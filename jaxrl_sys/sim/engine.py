@@ -3,13 +3,15 @@
 An engine holds sequences (prompt length, tokens so far, a target length) and advances them in
 decode steps whose duration comes from the preset's `DecodeCurve`:
 
-    step_time = fixed_s + per_seq_s * B + per_ctx_token_s * S          [s]
+    step_time = max(host_s, fixed_s + per_seq_s * B + per_ctx_token_s * S)          [s]
 
 with B running sequences and S the sum of their contexts (prompt + tokens so far). Between two
 events (a finish, a KV-cache overflow, an admission, a new arrival) B is constant and S grows by
-B per step, so k steps take
+B per step, so with g = fixed_s + per_seq_s * B + per_ctx_token_s * S the GPU time of the next
+step, the first m = ceil((host_s - g) / (per_ctx_token_s * B)) steps are host-bound and k steps
+take
 
-    dur(k) = k * (fixed_s + per_seq_s * B + per_ctx_token_s * S) + per_ctx_token_s * B * k(k-1)/2
+    dur(k) = m' host_s + G(k) - G(m'),  m' = min(k, m),  G(n) = n g + per_ctx_token_s B n(n-1)/2
 
 and the engine jumps from event to event in closed form; per-sequence counters are lazy
 (`tokens = gen0 + steps - s0`), so a step costs nothing and an event O(log n).
@@ -105,7 +107,7 @@ class SimEngine:
   def __init__(self, preset: ModelPreset, model: EngineModel, t0: float = 0.0):
     d = preset.decode
     self.preset, self.model = preset, model
-    self.a, self.p, self.c = d.fixed_s, d.per_seq_s, d.per_ctx_token_s
+    self.a, self.p, self.c, self.h = d.fixed_s, d.per_seq_s, d.per_ctx_token_s, d.host_s
     self.cap = float(d.kv_capacity_tokens) if d.kv_capacity_tokens else math.inf
     self.t = float(t0)          # virtual time simulated up to (<= the clock)
     self.steps = 0              # decode steps so far
@@ -210,16 +212,35 @@ class SimEngine:
       self.t += shift
 
   # ----- time ----------------------------------------------------------------------------------
+  def _host_steps(self, b: int) -> float:
+    """How many of the next steps at batch `b` are host-bound (their GPU time below `host_s`;
+    the GPU time grows by per_ctx_token_s x b a step as the contexts grow)."""
+    g0, q = self.a + self.p * b + self.c * self.used(), self.c * b
+    if self.h <= g0:
+      return 0
+    return math.inf if q == 0 else math.ceil((self.h - g0) / q)
+
   def _dur(self, k: int, b: int) -> float:
-    return k * (self.a + self.p * b + self.c * self.used()) + self.c * b * k * (k - 1) / 2
+    """Seconds of the next `k` decode steps at batch `b`: each the longer of the host's work
+    (`host_s`) and the GPU's (`fixed_s + per_seq_s b + per_ctx_token_s x contexts`)."""
+    g0, q = self.a + self.p * b + self.c * self.used(), self.c * b
+    gpu = lambda n: n * g0 + q * n * (n - 1) / 2  # noqa: E731  (sum of the first n GPU times)
+    m = min(k, self._host_steps(b))
+    return m * self.h + gpu(k) - gpu(m)
 
   def _within(self, tau: float, b: int) -> int:
     """Most whole decode steps that fit in `tau` seconds at batch `b`."""
     if tau <= 0:
       return 0
-    q = self.c * b / 2
-    lin = self.a + self.p * b + self.c * self.used() - q
-    k = int(tau / lin) if q == 0 else int((-lin + math.sqrt(lin * lin + 4 * q * tau)) / (2 * q))
+    m = self._host_steps(b)
+    if tau <= m * self.h:  # all host-bound
+      k = int(tau / self.h)
+    else:  # m host-bound steps, then GPU-bound ones from the GPU time after them
+      rest = tau - m * self.h
+      q = self.c * b / 2
+      lin = self.a + self.p * b + self.c * self.used() + 2 * q * m - q
+      k = m + (int(rest / lin) if q == 0 else
+               int((-lin + math.sqrt(lin * lin + 4 * q * rest)) / (2 * q)))
     while self._dur(k + 1, b) <= tau:
       k += 1
     while k > 0 and self._dur(k, b) > tau:

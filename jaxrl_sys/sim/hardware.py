@@ -1,7 +1,7 @@
 """Accelerator and machine figures the simulator's cost models are derived from.
 
 Every number carries its source (see also `sim/README.md`): a vendor datasheet, the RLBoost
-paper's setup (spec/rlboost.md 1.4, 1.7), a published measurement, or an assumption stated as
+paper's setup (RLBOOST.md 1.4, 1.7), a published measurement, or an assumption stated as
 such. Efficiencies are fractions of the datasheet peak that real engines reach.
 """
 from __future__ import annotations
@@ -84,21 +84,28 @@ class Network:
     efficiency: goodput / line rate of a transfer (1.0 = the line-rate lower bound).
     host_copy_bytes_per_s: GPU -> host-buffer copy of the new weights on a training node
       (bytes/s, the whole node together).
+    sender_streams: transfers one training node serves at once; later pulls queue in arrival
+      order (None: every pull starts at once and they share the NIC). RLBoost's release runs
+      `num_mooncake_groups_per_sender = 4` transfer groups per sender, each serving one
+      instance at a time (RLBOOST.md 1.4): four 50 Gbps receivers fill a 200 Gbps NIC.
   """
   sender_gbps: float = 200.0
   receiver_gbps: float = 50.0
   efficiency: float = 1.0
   host_copy_bytes_per_s: float = 50e9
+  sender_streams: int | None = 4
 
   def __post_init__(self):
     if not (self.sender_gbps > 0 and self.receiver_gbps > 0 and 0 < self.efficiency <= 1
-            and self.host_copy_bytes_per_s > 0):
-      raise ValueError(f"Network: rates must be > 0 and 0 < efficiency <= 1, got {self}")
+            and self.host_copy_bytes_per_s > 0
+            and (self.sender_streams is None or self.sender_streams >= 1)):
+      raise ValueError(f"Network: rates must be > 0, 0 < efficiency <= 1 and sender_streams "
+                       f"None or >= 1, got {self}")
 
 
-# RLBoost (spec/rlboost.md 1.4): GCP a3-highgpu-8g (8xH100 training node) has one 200 Gbps
+# RLBoost (RLBOOST.md 1.4): GCP a3-highgpu-8g (8xH100 training node) has one 200 Gbps
 # frontend NIC, through which it reaches the spot instances; a3-highgpu-2g (2xH100 spot
-# instance) has a 50 Gbps frontend vNIC. efficiency 1.0 gives the line-rate lower bound the
-# spec derives (14B over 50 Gbps >= 4.7 s). host_copy 50 GB/s: assumption (8 GPUs copy their
-# shards over PCIe Gen5 in parallel; host DRAM write bandwidth is the limit).
+# instance) has a 50 Gbps frontend vNIC. efficiency 1.0 gives the line-rate lower bound
+# RLBOOST.md 1.4 derives (14B over 50 Gbps >= 4.7 s). host_copy 50 GB/s: assumption (8 GPUs
+# copy their shards over PCIe Gen5 in parallel; host DRAM write bandwidth is the limit).
 GCP_A3 = Network()

@@ -2,7 +2,7 @@
 
     length = clip(round(exp(N(log(median), sigma^2))), min_tokens, max_tokens)
 
-Defaults (RLBoost's setup: OpenR1-Math prompts, max response 14K tokens - spec/rlboost.md
+Defaults (RLBoost's setup: OpenR1-Math prompts, max response 14K tokens - RLBOOST.md
 1.6/1.7, 14336 in the released example): median 4,000 and sigma 0.9 give an unclipped mean of
 exp(sigma^2/2) x median = 6,000 tokens, the average length of DeepSeek-R1's responses the
 Open-R1 team measured (huggingface.co/blog/open-r1/update-1: "on average ... 6,000 tokens",

@@ -1,7 +1,7 @@
 """Weight transfer over the frontend network, with sender NIC sharing.
 
 RLBoost's rollout instances pull new weights point-to-point from a training node's transfer
-agent (spec/rlboost.md 1.4). Each instance's own link caps its rate; instances pulling from the
+agent (RLBOOST.md 1.4). Each instance's own link caps its rate; instances pulling from the
 same training node at once share that node's frontend NIC. With `k` concurrent receivers of
 equal size, all finishing together:
 

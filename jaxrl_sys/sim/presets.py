@@ -2,7 +2,7 @@
 
 `derive_preset(name, arch, ...)` turns an architecture (from the model's Hugging Face config)
 and a `Hardware` into every figure the simulator uses; `QWEN3_8B`, `QWEN3_14B`, `QWEN3_32B` are
-RLBoost's three models (spec/rlboost.md 1.7): rollout instances of 2xH100 with TP=2, training
+RLBoost's three models (RLBOOST.md 1.7): rollout instances of 2xH100 with TP=2, training
 on one 8xH100 node (8B, 14B) or two (32B). The derivation and each constant's source are in
 the comments below and in `sim/README.md`; `sim.calibrate` builds a preset from measurements
 instead.
@@ -172,7 +172,7 @@ QWEN3_32B_ARCH = ModelArch(params=32.762e9, num_layers=64, hidden=5120, num_head
 # Training MFU: torchtitan reports 33-39% MFU for Llama-3.1-8B, FSDP on 8 H100s, bf16
 # (github.com/pytorch/torchtitan docs/performance.md); 0.35 for one node. Two nodes (32B):
 # 0.30, an assumption - FSDP all-gathers then cross the inter-node fabric, and RLBoost
-# attributes part of its lead over veRL.2x to two-node FSDP overhead (spec/rlboost.md 1.8).
+# attributes part of its lead over veRL.2x to two-node FSDP overhead (RLBOOST.md 1.8).
 QWEN3_8B = derive_preset("qwen3-8b", QWEN3_8B_ARCH, train_nodes=1, train_mfu=0.35)
 QWEN3_14B = derive_preset("qwen3-14b", QWEN3_14B_ARCH, train_nodes=1, train_mfu=0.35)
 QWEN3_32B = derive_preset("qwen3-32b", QWEN3_32B_ARCH, train_nodes=2, train_mfu=0.30)

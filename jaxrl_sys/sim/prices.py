@@ -1,7 +1,7 @@
 """Prices of reserved (on-demand) and preemptible (spot) GPUs, and cost helpers.
 
 Default: RLBoost's averages over AWS and GCP regions (paper Table 3, as summarised in
-spec/rlboost.md 1.7 [2nd-hand]): an on-demand 8xH100 ~$83.79/h (~$10.47/GPU-h) and a 2xH100
+RLBOOST.md 1.7 [2nd-hand]): an on-demand 8xH100 ~$83.79/h (~$10.47/GPU-h) and a 2xH100
 spot instance ~$5.32/h ($2.66/GPU-h), a ~75% spot discount.
 """
 from __future__ import annotations

@@ -45,7 +45,9 @@ def summarize(rows: Sequence[dict], seg_names: Sequence[str]) -> dict[str, Any]:
                      "x_throughput": r["throughput"] / base["throughput"],
                      "cost_eff": r["tokens_per_dollar"] / base["tokens_per_dollar"] - 1.0,
                      "steps": len(r["steps"]),
-                     "workers_used": _mean([x["workers_used"] for x in r["steps"]]),
+                     # time averages over the run's completed steps (`SimResult`)
+                     "spot_available": r.get("spot_available", float("nan")),
+                     "workers_used": r.get("spot_used", float("nan")),
                      "t_seed": _mean([x["t_seed"] for x in r["steps"][1:]])}
       per[s] = {"segments": segs, "mean": {k: _mean([v[k] for v in segs.values()])
                                            for k in next(iter(segs.values()), {})}}
@@ -65,16 +67,22 @@ def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
   return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in body])
 
 
-def segment_table(summary: dict, preset: str, seg_names: Sequence[str], avail: dict) -> str:
-  """RLBoost vs co-located for one preset, one row per segment, then the mean."""
+SPOT_LEGEND = ("avail: spot instances the trace makes available; used: spot instances the "
+               "fleet runs (start-up included); both are time averages over the completed steps "
+               "of the RLBoost run")
+
+
+def segment_table(summary: dict, preset: str, seg_names: Sequence[str]) -> str:
+  """RLBoost vs co-located for one preset, one row per segment, then the mean; `SPOT_LEGEND`
+  says what the two instance columns average."""
   per = summary[preset]
   co, rl = per["colocated"], per["rlboost"]
   body = []
   for seg in list(seg_names) + ["mean"]:
     c = co["mean"] if seg == "mean" else co["segments"][seg]
     r = rl["mean"] if seg == "mean" else rl["segments"][seg]
-    a = _mean(list(avail.values())) if seg == "mean" else avail.get(seg, float("nan"))
-    body.append([seg, f"{a:.1f}", f"{r['workers_used']:.1f}", f"{c['throughput']:,.0f}",
+    body.append([seg, f"{r['spot_available']:.1f}", f"{r['workers_used']:.1f}",
+                 f"{c['throughput']:,.0f}",
                  f"{r['throughput']:,.0f}", f"{r['x_throughput']:.2f}x",
                  f"{c['cost_per_mtok']:.2f}", f"{r['cost_per_mtok']:.2f}",
                  f"{100 * r['cost_eff']:+.0f}%", f"{r['t_seed']:.0f}"])

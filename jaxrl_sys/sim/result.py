@@ -1,11 +1,13 @@
 """What one simulated run measured: per-step records, throughput, cost, series for plots.
 
-Metrics (RLBoost's, spec/rlboost.md 1.7): throughput = response tokens generated and trained in
+Metrics (RLBoost's, RLBOOST.md 1.7): throughput = response tokens generated and trained in
 the completed steps / their wall time; cost = reserved nodes x on-demand price x wall time
 (+ reserved rollout instances in the disagg mode) + spot instance-seconds x spot price, an
 instance counting from the fleet's request to its preemption or release; cost efficiency =
-tokens per dollar. Everything is plain data (`to_json`), rounded so that the same seed gives
-byte-identical JSON.
+tokens per dollar. Spot instances, two time averages over the same window (from 0 to the end
+of the last completed step): `spot_available`, the trace's live instances, and `spot_used`, the
+instances the fleet ran (from their start, start-up included, to their end). Everything is plain
+data (`to_json`), rounded so that the same seed gives byte-identical JSON.
 """
 from __future__ import annotations
 
@@ -77,6 +79,8 @@ class SimResult:
   spot_instance_hours: float
   counters: dict
   series: dict
+  spot_available: float = 0.0
+  spot_used: float = 0.0
 
   @classmethod
   def build(cls, cfg, trace, steps: list[StepRecord], end: float, cluster, manager,
@@ -98,13 +102,21 @@ class SimResult:
     series = {"t": grid, "used": [cluster.live_remote_at(t) for t in grid]}
     if trace is not None:
       series["available"] = [trace.live_at(t) for t in grid]
-    counters = dict(manager.stats.counters())
+    counters = dict(manager.fleet.stats.counters())
     counters.update(stalls=cluster.stalls, retracted=sum(
         w.engine.retracted for w in cluster.workers.values()),
         prefilled=sum(w.engine.prefilled for w in cluster.workers.values()),
         decoded=sum(w.engine.decoded for w in cluster.workers.values()))
+    pulls = cluster.pull_seconds
+    counters.update(pulls=len(pulls), pull_s_max=max(pulls, default=0.0),
+                    pull_failures=sum(1 for e in manager.fleet.events if e[1] == "pull_failed"),
+                    pull_s_mean=sum(pulls) / len(pulls) if pulls else 0.0)
+    span = sum(s.duration for s in steps)
+    used = sum(s.workers_used * s.duration for s in steps) / span if span > 0 else 0.0
+    avail = trace.mean_live(0.0, end) if trace is not None and end > 0 else 0.0
     return cls(cfg.mode, p.name, steps, end, tokens, tokens / end if end > 0 else 0.0, cost,
-               1e6 / tpd if tpd > 0 else math.inf, tpd, spot_s / 3600, counters, series)
+               1e6 / tpd if tpd > 0 else math.inf, tpd, spot_s / 3600, counters, series,
+               avail, used)
 
   def to_json(self) -> dict[str, Any]:
     steps = [{k: (_r(v) if isinstance(v, float) else v)
@@ -113,5 +125,8 @@ class SimResult:
             "tokens": self.tokens, "throughput": _r(self.throughput, 3),
             "cost": _r(self.cost, 4), "cost_per_mtok": _r(self.cost_per_mtok, 4),
             "tokens_per_dollar": _r(self.tokens_per_dollar, 3),
-            "spot_instance_hours": _r(self.spot_instance_hours, 4), "counters": self.counters,
+            "spot_instance_hours": _r(self.spot_instance_hours, 4),
+            "spot_available": _r(self.spot_available, 4), "spot_used": _r(self.spot_used, 4),
+            "counters": {k: _r(v) if isinstance(v, float) else v
+                         for k, v in self.counters.items()},
             "series": self.series, "steps": steps}

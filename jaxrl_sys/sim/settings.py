@@ -3,8 +3,10 @@
 Every setting is the same driver (`sim.driver`) with a few fields changed, so the comparison is
 between mechanisms, not implementations:
 
-- baselines (spec/rlboost.md 1.7): `colocated` (veRL: the reserved nodes generate, then train),
-  `colocated_2x` (veRL.2x: twice the reserved nodes; multi-node training at a lower MFU),
+- baselines (RLBOOST.md 1.7): `colocated` (veRL: the reserved nodes generate, then train;
+  no balancing between its engines, which veRL does not have: each engine keeps what it was
+  given, dispatch stays late-binding), `colocated_2x` (veRL.2x: twice the reserved nodes;
+  multi-node training at a lower MFU),
   `disagg` (Disagg.BAL, StreamRL-like: a fixed pool of reserved 2-GPU rollout instances sized
   to balance the stages, the nodes only train);
 - `rlboost`: ours (seeding controller with memory and N_prem cap, pull-based weights, token-level
@@ -14,7 +16,7 @@ between mechanisms, not implementations:
   `fixed` mode would switch the cap off too), `no_memory`, `restart`
   (restart-from-prompt instead of token migration), `sync_push` (weights pushed at the step
   start, everyone waits for the slowest, instances that start later wait for the next step);
-- where our design goes beyond RLBoost's release (spec 8), each switched off: `trim_siblings`
+- where our design goes beyond RLBoost's release (RLBOOST.md 8), each switched off: `trim_siblings`
   (the release's retry path trims a group's partial responses to the shortest sibling),
   `no_balance` (no continuous load balancing at all), `no_tail_balance` (RLBoost's
   `max(running - B, 0)` rule only: the tail of a batch is not split over idle workers),
@@ -61,10 +63,15 @@ class Setting:
     return self.mode == "rlboost"
 
 
+# veRL's rollout splits the batch over its engines and does not move requests between them;
+# continuous load balancing is this library's (beyond the paper), so the baselines run without.
+VERL_MANAGER = (("balance", False),)
+
 _S = [
-    Setting("colocated", "veRL (co-located, on-demand)", "baseline", mode="colocated"),
+    Setting("colocated", "veRL (co-located, on-demand)", "baseline", mode="colocated",
+            manager=VERL_MANAGER),
     Setting("colocated_2x", "veRL.2x (co-located, 2x nodes)", "baseline", mode="colocated",
-            reserved_scale=2),
+            reserved_scale=2, manager=VERL_MANAGER),
     Setting("disagg", "Disagg.BAL (reserved rollout pool)", "baseline", mode="disagg"),
     Setting("rlboost", "RLBoost (ours)", "ours"),
     Setting("no_seeding", "- no seeding (T_seed = 0)", "paper ablation",

@@ -1,6 +1,6 @@
 """Startup delay of a new preemptible rollout instance, before its first weight pull.
 
-Not published by RLBoost (its replayer runs on machines it already holds, spec/rlboost.md
+Not published by RLBoost (its replayer runs on machines it already holds, RLBOOST.md
 1.7), so the phases below are stated assumptions; the weight pull itself is
 `network.weight_pull_time` (RLBoost's engines start without weights and pull them).
 

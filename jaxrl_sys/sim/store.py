@@ -1,8 +1,8 @@
 """The simulator's weight store: versions without arrays, only their size.
 
 Implements `rollout.weights.WeightStore` for the real manager: `publish` commits at once (the
-GPU -> host-buffer copy is part of the trainer's per-step overhead), `ref(v)` is a
-`SimWeightRef(version, nbytes)` that a simulated worker turns into a transfer time. `fetch`
+GPU -> host-buffer copy is part of the trainer's per-step overhead), `published(v)` is a
+`SimWeightRef(version, nbytes)` that a simulated worker turns into a transfer time. `load`
 returns no arrays: nothing in the simulator computes with weights.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ class SimWeightRef:
   version: int
   nbytes: int
 
-  def fetch(self) -> tuple[Any, Any]:
+  def load(self) -> tuple[Any, Any]:
     return None, None
 
 
@@ -30,6 +30,6 @@ class SimWeightStore(VersionTable):
     super().__init__()
     self.nbytes = int(nbytes)
 
-  def publish(self, version: int, params: Any = None, moe_state: Any = None) -> None:
+  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
     del params, moe_state
     self.commit(version, SimWeightRef(int(version), self.nbytes))

@@ -224,6 +224,7 @@ class SimWorker:
         self.version, v = self.loading, self.loading
         self.loading = -1
         self.pulls.append((v, done - self.pull_started))
+        self.cluster.pull_seconds.append(done - self.pull_started)
     for s, _ in self.engine.take_finished():
       finish = FinishReason.LENGTH if s.target >= s.budget else FinishReason.STOP
       self.out.append(_chunk(s.rid, s.reported, s.target - s.reported, self.version, finish))

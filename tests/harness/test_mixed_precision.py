@@ -53,7 +53,7 @@ def test_bf16_checkpoint_with_bf16_rollout(tmp_path, monkeypatch):
   assert {x.dtype for x in jax.tree.leaves(masters)} == {jnp.dtype(jnp.float32)}
 
   # The weights the rollout engines got: the final masters cast to bfloat16, bit for bit.
-  published, _ = loop.client.store.ref(loop.client.latest).fetch()
+  published, _ = loop.client.store.published(loop.client.fleet.latest).load()
   want = jax.tree.map(lambda p: np.asarray(p).astype(jnp.bfloat16), masters)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(
       np.asarray(a).view(np.uint16), b.view(np.uint16)), published, want)

@@ -38,6 +38,22 @@ def test_qwen3_moe_parity_and_roundtrip(tmp_path):
   ours = np.asarray(models.logits_from_hidden(params, config, h))
   valid = mask.astype(bool)
   assert np.abs(ours[valid] - ref[valid]).max() < 1e-4
+  # Routing replay on the imported model: the recorded routes are the experts transformers'
+  # router picks, and forcing them back changes nothing.
+  with torch.no_grad():
+    hf_logits = tm(input_ids=torch.tensor(toks), attention_mask=torch.tensor(mask),
+                   position_ids=torch.tensor(pos), output_router_logits=True).router_logits
+  fwd = jax.jit(lambda p, r: models.forward(p, config, jnp.asarray(toks, jnp.int32),
+                                            attention_mask=jnp.asarray(mask), routes=r,
+                                            return_routes=True))
+  live = fwd(params, None)
+  routes = np.asarray(live.routes.experts)                     # [batch, seq, layers, k]
+  for layer, lg in enumerate(hf_logits):
+    want = np.argsort(-lg.numpy().reshape(*toks.shape, -1), axis=-1)[..., :2]
+    np.testing.assert_array_equal(np.sort(routes[:, :, layer], -1)[valid],
+                                  np.sort(want, -1)[valid])
+  forced = fwd(params, live.routes)
+  np.testing.assert_array_equal(np.asarray(forced.hidden), np.asarray(live.hidden))
   models.save_hf_checkpoint(str(tmp_path / "out"), config, params)
   config2, params2 = models.load_hf_checkpoint(str(tmp_path / "out"))
   assert config2 == config

@@ -12,8 +12,8 @@ from tests.notebooks.runner import images, run_notebook
 
 def test_elastic_rollout_kills_a_worker_and_loses_no_token(tmp_path):
   nb, v = run_notebook("04_elastic_rollout_ray.ipynb", str(tmp_path), timeout=400, probe=(
-      "dict(lost=[e[2] for e in manager.events if e[1] == 'lost'], "
-      "migrated=manager.stats.migrated, kept=manager.stats.tokens_kept, "
+      "dict(lost=[e[2] for e in manager.fleet.events if e[1] == 'lost'], "
+      "migrated=manager.fleet.stats.migrated, kept=manager.fleet.stats.tokens_kept, "
       "held={str(k): n for k, n in held.items()}, done=len(done), "
       "ray_up=ray.is_initialized())"))
   # The notebook itself asserts that no request was lost or duplicated, that the survivors

@@ -60,19 +60,19 @@ class FakeWorker:
     hang_at: clock time from which it never answers (tests the heartbeat timeout).
     fail_at: clock time from which its next report is `fatal` (an error in its generation loop,
       as a broken engine reports it), then it is dead.
-    fetch: pull each weight version for real (`ref.fetch()`, checksums verified): a failing
-      fetch is reported in `failed_pulls` and the previous version keeps serving.
+    load: load each weight version for real (`ref.load()`, checksums verified): a failing
+      load is reported in `failed_loads` and the previous version keeps serving.
   """
   synchronous = False
 
   def __init__(self, worker_id: str, clock: ManualClock, *, num_slots: int = 4,
                tokens_per_exchange: int = 2, latency: float = 0.1, load_delay: float = 0.0,
                die_at: float | None = None, hang_at: float | None = None, local: bool = False,
-               fail_at: float | None = None, fetch: bool = False):
+               fail_at: float | None = None, load: bool = False):
     self.worker_id, self.clock, self.local = worker_id, clock, local
     self.num_slots, self.tpe, self.latency = num_slots, tokens_per_exchange, latency
     self.load_delay, self.die_at, self.hang_at = load_delay, die_at, hang_at
-    self.fail_at, self.fetch = fail_at, fetch
+    self.fail_at, self.load = fail_at, load
     self.version, self.loading, self.load_ready = -1, -1, 0.0
     self.held: dict[int, Request] = {}  # in admission order
     self.generated = 0                  # tokens this worker produced (reported or not)
@@ -103,14 +103,14 @@ class FakeWorker:
       return WorkerReport(self.worker_id, 0, [], self.version, -1, [], [], self.num_slots,
                           np.zeros((0, 3)), fatal="RuntimeError: scripted engine failure")
     chunks: list[TokenChunk] = []
-    pulls, failed = [], []
+    loads, failed = [], []
     for rid in cmds.abort:
       self.held.pop(rid, None)
       chunks.append(TokenChunk(rid, -1, np.zeros(0, np.int32), np.zeros(0, np.float32),
                                self.version, FinishReason.ABORTED))
-    if cmds.load is not None and self.fetch:
+    if cmds.load is not None and self.load:
       try:
-        cmds.load.fetch()
+        cmds.load.load()
       except Exception as e:  # pylint: disable=broad-except
         failed.append((cmds.load.version, f"{type(e).__name__}: {e}"))
       else:
@@ -118,7 +118,7 @@ class FakeWorker:
     elif cmds.load is not None:
       self.loading, self.load_ready = cmds.load.version, self.clock.now() + self.load_delay
     if self.loading >= 0 and self.clock.now() >= self.load_ready:
-      pulls.append((self.loading, self.load_delay))
+      loads.append((self.loading, self.load_delay))
       self.version, self.loading = self.loading, -1
     for r in cmds.submit:
       assert r.min_version <= self.version, (r.request_id, r.min_version, self.version)
@@ -144,7 +144,7 @@ class FakeWorker:
     running = list(self.held)[:self.num_slots]
     return WorkerReport(self.worker_id, 0, chunks, self.version, self.loading, running,
                         list(self.held)[self.num_slots:], self.num_slots,
-                        np.zeros((0, 3)), pulls=pulls, failed_pulls=failed)
+                        np.zeros((0, 3)), loads=loads, failed_loads=failed)
 
   def kill(self) -> None:
     self.dead = True

@@ -82,3 +82,9 @@ def test_summarize_divides_each_run_by_its_own_segments_colocated_run():
   assert per["rlboost 2-4h"]["x"] == pytest.approx(3.0)
   assert "x" not in per["colocated 0-2h"] and per["colocated 2-4h"]["steps"] == 1
   assert diagnose.table(diagnose.summarize(rows, per_segment=True)).count("colocated") == 2
+  # As the grid runs it: one co-located run without a segment stands for every segment (it
+  # does not use the trace); `spot_sim --diagnose` printed only the co-located rows.
+  grid = [run("qwen3-8b", "colocated", None, 100.0, 10.0), rows[1], rows[3]]
+  s = diagnose.summarize(grid)["8B"]
+  assert s["rlboost"]["x"] == pytest.approx((2.0 + 1.5) / 2)
+  assert s["rlboost"]["ce"] == pytest.approx((1.2 + 0.75) / 2)

@@ -3,6 +3,7 @@ at every preemption point, it runs the real manager / controller / balancer obje
 deterministic."""
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -10,7 +11,8 @@ from jaxrl_sys.rollout import manager
 from jaxrl_sys.rollout.elastic import fleet, offload
 from jaxrl_sys.rollout.manager import balance
 from jaxrl_sys.rollout.manager import core as manager_core
-from jaxrl_sys.rollout.elastic.traces import constant_trace
+from jaxrl_sys.rollout.manager import requests as manager_requests
+from jaxrl_sys.rollout.elastic.traces import ADD, Trace, TraceEvent, constant_trace
 from jaxrl_sys.sim import driver
 from jaxrl_sys.sim.driver import Simulation, simulate
 from tests.sim.common import small, spot_trace, with_manager, with_offload
@@ -41,7 +43,7 @@ def _busiest_nodes(cfg, trace, t, k):
 
   def look(m, now):
     if now >= t and not seen:
-      seen.update({wid: len(ws.assigned) for wid, ws in m.workers.items()
+      seen.update({wid: len(ws.assigned) for wid, ws in m.fleet.items()
                    if wid.startswith("spot-")})
 
   sim.manager.add_tick_hook(look)
@@ -57,7 +59,7 @@ def test_token_migration_has_less_overhead_than_restart_from_prompt(frac):
   cfg = with_offload(small(max_steps=2), fixed=0.0)
   sim = Simulation(cfg, spot_trace(4, 1e6))
   ref = sim.run().steps[1]
-  begin = max(e[0] for e in sim.manager.events if e[1] == "pulled" and e[0] < ref.end)
+  begin = max(e[0] for e in sim.manager.fleet.events if e[1] == "pulled" and e[0] < ref.end)
   t_p = begin + frac * (ref.last_done - begin)  # the spot instances generate from `begin`
   nodes = _busiest_nodes(cfg, spot_trace(4, 1e6), t_p, 2)
   trace = spot_trace(4, 1e6, removes=tuple((t_p, i) for i in nodes))
@@ -87,7 +89,7 @@ def test_the_simulator_runs_the_real_manager_controller_and_balancer(monkeypatch
     count(balance, name)
   count(offload, "offload_update")
   count(manager_core.ManagerCore, "on_lost")
-  count(manager_core.ManagerCore, "_cut_migrated")
+  count(manager_requests.RequestTable, "cut_migrated")
   cfg = small(max_steps=4)
   sim = Simulation(cfg, spot_trace(6, 1e6, removes=((30.0, 0), (30.0, 1), (45.0, 2), (50.0, 3))))
   assert type(sim.manager) is manager.RolloutManager
@@ -95,7 +97,7 @@ def test_the_simulator_runs_the_real_manager_controller_and_balancer(monkeypatch
   res = sim.run()
   assert len(res.steps) == 4
   for name in ("select_worker", "pending_moves", "running_moves", "tail_moves", "plateau_batch",
-               "offload_update", "on_lost", "_cut_migrated"):
+               "offload_update", "on_lost", "cut_migrated"):
     assert calls.get(name, 0) > 0, (name, calls)
   assert res.counters["lost"] >= 2 and res.counters["migrated"] > 0
 
@@ -161,13 +163,32 @@ def test_the_per_minute_series_spans_the_simulated_time_not_an_unreached_horizon
 
 @pytest.mark.parametrize("ceil", [False, True])
 def test_no_instance_starts_beyond_the_n_prem_cap(ceil):
-  # Twelve spot instances are available throughout; the fleet starts one only while it runs
+  # 24 spot instances are available throughout; the fleet starts one only while it runs
   # fewer than floor(N_prem) (Algorithm 1: none beyond N_prem), ceil(N_prem) with `cap_ceil`.
-  sim = Simulation(with_offload(small(max_steps=4), cap_ceil=ceil), spot_trace(12, 1e6))
+  sim = Simulation(with_offload(small(max_steps=4), cap_ceil=ceil), spot_trace(24, 1e6))
   seen = []
-  sim.manager.add_tick_hook(lambda m, now: seen.append((len(sim.fleet.workers), m.worker_cap)))
+  sim.manager.add_tick_hook(lambda m, now: seen.append((len(sim.fleet.workers), m.fleet.cap)))
   res = sim.run()
   caps = [s.n_prem_cap for s in res.steps]  # the integer cap each step leaves for the next
-  assert all(c >= 1 for c in caps) and min(caps) < 12  # the cap binds here
+  assert all(c >= 1 for c in caps) and min(caps) < 24  # the cap binds here
   grew = [(n, cap) for (n0, _), (n, cap) in zip(seen, seen[1:]) if n > n0]
   assert grew and all(n <= cap for n, cap in grew)
+
+
+def test_synchronous_push_serves_from_step_0_and_a_late_instance_waits_without_failing():
+  # The instances up at the start get version 0 by the push (they sat idle through step 0
+  # before); one that starts mid-step waits for the next step's push, however long that step
+  # is, and no pull fails: the simulated store is healthy, so the manager's pull deadline (a
+  # detector of failing stores) is off in the simulator. It fired inside the full run
+  # (`spot_sim --preset=qwen3-14b --settings=sync_push --segments=1`: a WeightLoadError).
+  assert driver.SIM_MANAGER.load_timeout == math.inf
+  trace = Trace((TraceEvent(0.0, ADD, "n0"), TraceEvent(0.0, ADD, "n1"),
+                 TraceEvent(10.0, ADD, "late")), 1e6, "late")
+  sim = Simulation(small(max_steps=3, sync_push=True), trace)
+  res = sim.run()
+  assert res.steps[0].t_remote > 0 and res.steps[0].delta["tokens"] > \
+      res.steps[0].delta["tokens_local"]  # the two early instances served step 0
+  pulled = [(w, d) for _, kind, w, d in sim.manager.fleet.events if kind == "pulled"
+            and w.startswith("spot-late")]
+  assert pulled and pulled[0][1].startswith("v1 ") and res.steps[0].end > 10.0
+  assert res.counters["pull_failures"] == 0 and len(res.steps) == 3

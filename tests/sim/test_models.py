@@ -21,7 +21,7 @@ def test_transfer_time_with_a_shared_sender(k):
 
 
 def test_weight_pull_matches_the_spec_bounds():
-  # spec/rlboost.md 1.4: >= 2.6 / 4.7 / 10.5 s at 50 Gbps; 14B to four instances from one
+  # RLBOOST.md 1.4: >= 2.6 / 4.7 / 10.5 s at 50 Gbps; 14B to four instances from one
   # 200 Gbps node: >= 4.7 s (receiver- and sender-bound at once).
   for preset, lower in [(QWEN3_8B, 2.6), (QWEN3_14B, 4.7), (QWEN3_32B, 10.5)]:
     assert sim.weight_pull_time(preset) == pytest.approx(lower, abs=0.05)
@@ -46,9 +46,9 @@ def test_plateau_batch_of_a_known_knee():
 
 
 def test_plateau_batch_agrees_with_brute_force():
-  for a, k, m, frac in itertools.product([0.004, 0.02], [1e-5, 2e-4], [8, 64, 300],
-                                         [0.5, 0.8, 0.9, 0.95]):
-    curve = DecodeCurve(fixed_s=a, per_seq_s=k)
+  for a, k, m, frac, h in itertools.product([0.004, 0.02], [1e-5, 2e-4], [8, 64, 300],
+                                            [0.5, 0.8, 0.9, 0.95], [0.0, 0.01, 0.03]):
+    curve = DecodeCurve(fixed_s=a, per_seq_s=k, host_s=h)  # a step: max(h, a + k b)
     best = curve.throughput(m)
     brute = min(b for b in range(1, m + 1) if curve.throughput(b) >= frac * best * (1 - 1e-12))
     assert plateau_batch(curve, frac, max_batch=m) == brute

@@ -22,19 +22,27 @@ UNBOUNDED = dataclasses.replace(QWEN3_8B, decode=dataclasses.replace(QWEN3_8B.de
                                                                     kv_capacity_tokens=0))
 
 
-def test_engine_event_jumps_equal_step_by_step_decoding():
+@pytest.mark.parametrize("host_s", [0.0, 0.0085, 1.0])
+def test_engine_event_jumps_equal_step_by_step_decoding(host_s):
+  # Attention at 10 us per context token: the GPU step starts at 8.1 ms and grows by 0.06 ms a
+  # step with six sequences. host_s: none; 8.5 ms, which the GPU overtakes after 8 steps and
+  # again each time fewer sequences run; one above every GPU step (all host-bound).
+  preset = dataclasses.replace(UNBOUNDED, decode=dataclasses.replace(
+      UNBOUNDED.decode, per_ctx_token_s=1e-5, host_s=host_s))
   targets, prompt = [5, 17, 17, 40, 123, 301], 50
-  eng = SimEngine(UNBOUNDED, EngineModel())
+  eng = SimEngine(preset, EngineModel())
   for i, n in enumerate(targets):
     eng.add(Seq(i, i, prompt, 0, n, 1000, 0.0))
-  eng.advance(1e9)
+  for t in (0.05, 0.3, 0.31, 1e9):  # advancing in pieces changes nothing
+    eng.advance(t)
   got = {s.rid: t for s, t in eng.take_finished()}
-  # Reference: one prefill of the distinct prompts, then one decode step at a time.
-  d, t = UNBOUNDED.decode, prefill_time(UNBOUNDED, prompt * len(targets), prompt)
+  # Reference: one prefill of the distinct prompts, then one decode step at a time, each the
+  # longer of the host's and the GPU's work.
+  d, t = preset.decode, prefill_time(preset, prompt * len(targets), prompt)
   live, done, step = dict(enumerate(targets)), {}, 0
   while live:
     ctx = sum(prompt + step for _ in live)
-    t += d.fixed_s + d.per_seq_s * len(live) + d.per_ctx_token_s * ctx
+    t += max(host_s, d.fixed_s + d.per_seq_s * len(live) + d.per_ctx_token_s * ctx)
     step += 1
     for rid in [r for r, n in live.items() if n == step]:
       done[rid] = t
@@ -74,13 +82,14 @@ def test_sglang_reservation_admits_fewer_requests_at_first():
 
 
 def test_shared_sender_nic_fluid_model():
-  nbytes, pool = 16.4e9, SenderPool(1, GCP_A3)
+  fluid = dataclasses.replace(GCP_A3, sender_streams=None)  # every pull at once, NIC shared
+  nbytes, pool = 16.4e9, SenderPool(1, fluid)
   for i in range(8):
     pool.start(f"w{i}", 0, nbytes, 0.0)
   pool.advance(100.0)
   assert pool.done_at("w0") == pytest.approx(transfer_time(nbytes, 50, 8, 200), rel=1e-9)
   # Staggered: four alone at 50 Gbps each; four more join after 1 s and all get 25 Gbps.
-  pool, bits = SenderPool(1, GCP_A3), 8 * nbytes
+  pool, bits = SenderPool(1, fluid), 8 * nbytes
   for i in range(4):
     pool.start(f"a{i}", 0, nbytes, 0.0)
   for i in range(4):
@@ -92,10 +101,42 @@ def test_shared_sender_nic_fluid_model():
   assert pool.done_at("b3") == pytest.approx(t_a + (bits - moved_b) / 50e9, rel=1e-9)
 
 
+def test_a_sender_serves_four_pulls_at_once_and_queues_the_rest():
+  # RLBoost's release: four transfer groups per sender. Sixty Qwen3-14B instances pulling from
+  # one 200 Gbps node: four at a time at their 50 Gbps line rate, in arrival order, so the k-th
+  # (0-based) finishes at (k // 4 + 1) x 4.72 s; the last at 70.8 s, as if all shared the NIC.
+  nbytes = 29.5e9
+  pool = SenderPool(1, GCP_A3)
+  for i in range(60):
+    pool.start(f"w{i}", 0, nbytes, 0.0)
+  assert pool.queued() == 56
+  one = 8 * nbytes / 50e9
+  assert pool.eta("w4") == pytest.approx(one)  # queued: no earlier than the first finish
+  pool.advance(1000.0)
+  for k in (0, 3, 4, 7, 59):
+    assert pool.done_at(f"w{k}") == pytest.approx((k // 4 + 1) * one, rel=1e-9), k
+  assert pool.queued() == 0
+  # a late pull waits behind the earlier ones of its sender only; another sender is free
+  pool = SenderPool(2, GCP_A3)
+  for i in range(5):
+    pool.start(f"a{i}", 0, nbytes, 0.0)
+  pool.start("b", 1, nbytes, 1.0)
+  pool.advance(100.0)
+  assert pool.done_at("a4") == pytest.approx(2 * one) and pool.done_at("b") == \
+      pytest.approx(1.0 + one)
+  # a cancelled pull frees its stream at once
+  pool = SenderPool(1, GCP_A3)
+  for i in range(5):
+    pool.start(f"c{i}", 0, nbytes, 0.0)
+  pool.cancel("c0", 1.0)
+  pool.advance(100.0)
+  assert pool.done_at("c4") == pytest.approx(1.0 + one)
+
+
 def _ref():
   store = SimWeightStore(QWEN3_8B.weight_bytes)
-  store.publish(0)
-  return store.ref()
+  store.publish(None, 0)
+  return store.published()
 
 
 def test_a_preempted_worker_reports_the_streamed_tokens_then_is_lost():

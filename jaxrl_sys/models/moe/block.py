@@ -17,6 +17,11 @@ Parameters of the MoE layers (L layers, E experts, D hidden, F expert width, S s
   shared.{w_gate, w_up [L, D, S], w_down [L, S, D]}     (num_shared_experts > 0)
   shared_gate [L, D, 1]                                   (shared_expert_gate)
 
+Inference routes every token on its own (`per_token=True`, what `forward` does with a KV
+cache): top-k with the stored balancing state (aux-free bias, BIP duals without sweeps), no
+capacity drop, so a request's experts do not depend on its batch-mates. Training routes the
+batch (BIP sweeps, capacity) or replays recorded routes (`forced`, `models.moe.replay`).
+
 Balancing state (`MoEState`, not trained) is threaded by the trainer:
   state = init_moe_state(config)
   out = forward(params, config, tokens, ..., moe_state=state)    # out.aux: per-layer stats
@@ -154,8 +159,21 @@ def _shared(p: dict, x: jax.Array, m: MoEConfig) -> jax.Array:
   return y
 
 
+class Forced(NamedTuple):
+  """Recorded routes imposed on one layer (see `models.moe.replay`).
+
+  experts: `[batch, seq, k]` integer expert ids; mask: `[batch, seq]` bool tokens that are
+  forced (the others route live); active: `[batch, seq, k]` bool computed assignments, or None
+  (every assignment of a real token).
+  """
+  experts: jax.Array
+  mask: jax.Array
+  active: jax.Array | None = None
+
+
 def moe_block(p: dict, h: jax.Array, config: ModelConfig, lstate: MoEState | None = None, *,
-              token_mask: jax.Array | None = None) -> tuple[jax.Array, dict]:
+              token_mask: jax.Array | None = None, forced: Forced | None = None,
+              per_token: bool = False, return_experts: bool = False) -> tuple[jax.Array, dict]:
   """One MoE feed-forward layer.
 
   Args:
@@ -164,13 +182,20 @@ def moe_block(p: dict, h: jax.Array, config: ModelConfig, lstate: MoEState | Non
     config: model config with `moe` set (static).
     lstate: this layer's `MoEState` slice (bias `[E]`, q `[E]`), or None (zeros).
     token_mask: `[batch, seq]` 1 for real tokens, 0 for padding (default all real).
+    forced: recorded routes to replay (`Forced`), or None (route live).
+    per_token: route every token on its own with the stored balancing state (inference: no BIP
+      sweeps, no capacity drop; `routing.route`); False routes the batch (training).
+    return_experts: also return the routing in aux (below).
 
   Returns:
     (out `[batch, seq, D]` in h's dtype, aux) with aux float32 entries
       load `[E]` routed assignments per expert (valid tokens, before dropping),
       dropped `[]` assignments dropped by the capacity, assignments `[]` valid assignments,
       aux_loss `[]` coefficient-weighted Switch loss (0 unless balancing == "aux_loss"),
-      q `[E]` BIP duals after this batch's sweeps (input q otherwise).
+      q `[E]` BIP duals after this batch's sweeps (input q otherwise),
+      and with `forced`: replay_agree `[]` forced assignments of real tokens the live routing
+      also chose, replayed `[]` forced assignments of real tokens;
+      with `return_experts`: experts `[batch, seq, k]` int32 and active `[batch, seq, k]` bool.
   """
   m = _moe(config)
   chex.assert_rank(h, 3)
@@ -180,21 +205,34 @@ def moe_block(p: dict, h: jax.Array, config: ModelConfig, lstate: MoEState | Non
            else token_mask.reshape(b * t).astype(bool))
   logits = jnp.einsum("td,de->te", x.astype(jnp.float32), p["router"].astype(jnp.float32))
   scores = moe_routing.router_scores(logits, m.gating)
+  k = m.num_experts_per_tok
   routing = moe_routing.route(
-      scores, valid, k=m.num_experts_per_tok, norm_topk_prob=m.norm_topk_prob,
+      scores, valid, k=k, norm_topk_prob=m.norm_topk_prob,
       routed_scaling_factor=m.routed_scaling_factor, balancing=m.balancing,
       bias=None if lstate is None else lstate.bias, q=None if lstate is None else lstate.q,
-      bip_iterations=m.bip_iterations, bip_rule=m.bip_rule, capacity_factor=m.capacity_factor)
+      bip_iterations=m.bip_iterations, bip_rule=m.bip_rule, capacity_factor=m.capacity_factor,
+      per_token=per_token)
+  replay_aux = {}
+  if forced is not None:
+    chex.assert_shape(forced.experts, (b, t, k))
+    routing, agree = moe_routing.replay(
+        routing, scores, valid, forced.experts.reshape(b * t, k), forced.mask.reshape(b * t),
+        None if forced.active is None else forced.active.reshape(b * t, k),
+        norm_topk_prob=m.norm_topk_prob, routed_scaling_factor=m.routed_scaling_factor)
+    replayed = jnp.sum((forced.mask.reshape(b * t).astype(bool) & valid).astype(jnp.float32))
+    replay_aux = {"replay_agree": agree, "replayed": replayed * k}
   out = routed_experts(p, x, routing, m)
   if m.shared_width:
     out = out + _shared(p, x, m)
   aux_loss = jnp.zeros((), jnp.float32)
   if m.balancing == "aux_loss":
-    aux_loss = m.aux_loss_coef * moe_routing.switch_aux_loss(scores, routing, valid,
-                                                             m.num_experts_per_tok)
+    aux_loss = m.aux_loss_coef * moe_routing.switch_aux_loss(scores, routing, valid, k)
   aux = {"load": routing.load, "dropped": routing.dropped,
-         "assignments": jnp.sum(valid.astype(jnp.float32)) * m.num_experts_per_tok,
-         "aux_loss": aux_loss, "q": routing.q}
+         "assignments": jnp.sum(valid.astype(jnp.float32)) * k,
+         "aux_loss": aux_loss, "q": routing.q, **replay_aux}
+  if return_experts:
+    aux["experts"] = routing.experts.reshape(b, t, k)
+    aux["active"] = routing.active.reshape(b, t, k)
   return out.reshape(b, t, d).astype(h.dtype), aux
 
 
@@ -229,17 +267,24 @@ def moe_metrics(aux: dict) -> dict:
 
   Returns float32 entries: "moe/avg_maxvio" (mean over layers of MaxVio), "moe/sup_maxvio"
   (max over layers), "moe/maxvio" `[L]`, "moe/load" `[L, E]` (histogram), "moe/dropped_frac"
-  (dropped / valid assignments over all layers), "moe/aux_loss" (summed over layers).
+  (dropped / valid assignments over all layers), "moe/aux_loss" (summed over layers); under
+  routing replay also "moe/replay_agreement" `[L]` (per layer, the fraction of replayed
+  assignments the live routing also chose) and "moe/replay_agreement_mean" (over all layers).
   """
   if "load" not in aux:
     return {}
   vio = max_violation(aux["load"])
   dropped = jnp.sum(aux["dropped"]) / jnp.maximum(jnp.sum(aux["assignments"]), 1.0)
-  return {"moe/avg_maxvio": jnp.mean(vio), "moe/sup_maxvio": jnp.max(vio), "moe/maxvio": vio,
-          "moe/load": aux["load"], "moe/dropped_frac": dropped,
-          "moe/aux_loss": moe_aux_loss(aux)}
+  out = {"moe/avg_maxvio": jnp.mean(vio), "moe/sup_maxvio": jnp.max(vio), "moe/maxvio": vio,
+         "moe/load": aux["load"], "moe/dropped_frac": dropped,
+         "moe/aux_loss": moe_aux_loss(aux)}
+  if "replay_agree" in aux:
+    n = aux["replayed"]
+    out["moe/replay_agreement"] = jnp.where(n > 0, aux["replay_agree"] / jnp.maximum(n, 1.0), 1.0)
+    out["moe/replay_agreement_mean"] = jnp.sum(aux["replay_agree"]) / jnp.maximum(jnp.sum(n), 1.0)
+  return out
 
 
-__all__ = ["MoEState", "init_moe_params", "init_moe_state", "moe_aux_loss", "moe_block",
+__all__ = ["Forced", "MoEState", "init_moe_params", "init_moe_state", "moe_aux_loss", "moe_block",
            "moe_metrics", "moe_param_axes", "moe_state_axes", "resolve_implementation",
            "routed_experts", "update_moe_state"]

@@ -16,6 +16,16 @@ Balancing methods (spec/algorithms.md sections 4, 5):
       q_j <- max(0, rule({s_ij - p_i}_i))   with rule = midpoint of the c-th and (c+1)-th largest
                                             ("midpoint") or the (c+1)-th largest + 1e-4 ("kth").
   The capacity uses ceil (not floor) so that exact-k routing can be feasible.
+
+Batch routing and per-token routing (`route(..., per_token=...)`): the BIP sweeps and the
+capacity limit look at the whole batch, so a token's experts depend on its batch-mates. Training
+routes the batch that way; inference (prefill and decode, `per_token=True`) chooses top-k of the
+scores shifted by the *stored* state only (aux-free bias, BIP duals q without sweeps) and drops
+nothing, so a token's experts depend on its own scores and the policy's state alone.
+
+Replay (`replay`): recorded experts are imposed on chosen tokens; their gates are recomputed
+from the live scores at the forced experts (so router gradients flow), and the load (hence the
+aux loss and the aux-free bias update) counts the replayed assignment.
 """
 from __future__ import annotations
 
@@ -148,8 +158,8 @@ def expert_load(experts: jax.Array, mask: jax.Array, num_experts: int) -> jax.Ar
 def route(scores: jax.Array, valid: jax.Array, *, k: int, norm_topk_prob: bool,
           routed_scaling_factor: float = 1.0, balancing: str = "none",
           bias: jax.Array | None = None, q: jax.Array | None = None, bip_iterations: int = 0,
-          bip_rule: str = "midpoint",
-          capacity_factor: float = 0.0) -> Routing:
+          bip_rule: str = "midpoint", capacity_factor: float = 0.0,
+          per_token: bool = False) -> Routing:
   """Chooses k experts per token and their gate weights.
 
   Args:
@@ -164,6 +174,9 @@ def route(scores: jax.Array, valid: jax.Array, *, k: int, norm_topk_prob: bool,
     bip_iterations: BIP sweeps on this batch.
     bip_rule: "midpoint" | "kth".
     capacity_factor: 0 = dropless, else drop assignments beyond the capacity.
+    per_token: route every token on its own (inference): no BIP sweeps (the stored q steers
+      the selection and comes back unchanged) and no capacity limit, so the result for a token
+      does not depend on the other tokens.
 
   Returns:
     A `Routing`.
@@ -179,21 +192,75 @@ def route(scores: jax.Array, valid: jax.Array, *, k: int, norm_topk_prob: bool,
   if balancing == "aux_free" and bias is not None:
     select = select + jax.lax.stop_gradient(bias.astype(jnp.float32))[None, :]
   elif balancing == "bip":
-    if bip_iterations > 0:
+    if bip_iterations > 0 and not per_token:
       q_out = bip_sweeps(scores, valid, q_in, k, bip_iterations, bip_rule)
     select = select - q_out[None, :]
   _, experts = jax.lax.top_k(select, k)
   experts = experts.astype(jnp.int32)
+  live = jnp.broadcast_to(valid[:, None], experts.shape)
+  active = live
+  if capacity_factor > 0 and not per_token:
+    active = capacity_keep(experts, valid, m, capacity_factor)
+  return _routing(scores, valid, experts, active, q_out, norm_topk_prob, routed_scaling_factor)
+
+
+def _routing(scores, valid, experts, active, q, norm_topk_prob: bool,
+             routed_scaling_factor: float) -> Routing:
+  """The `Routing` of the assignment `experts`/`active`: gates from the unbiased live scores."""
+  m = scores.shape[-1]
   gates = jnp.take_along_axis(scores, experts, axis=-1)                          # unbiased
   if norm_topk_prob:
     gates = gates / (jnp.sum(gates, axis=-1, keepdims=True) + 1e-20)
   gates = gates * routed_scaling_factor
-  live = jnp.broadcast_to(valid[:, None], experts.shape)
-  active = live if capacity_factor <= 0 else capacity_keep(experts, valid, m, capacity_factor)
   gates = jnp.where(active, gates, 0.0)
+  live = jnp.broadcast_to(valid[:, None], experts.shape)
   load = expert_load(experts, live, m)
   dropped = jnp.sum(live.astype(jnp.float32)) - jnp.sum(active.astype(jnp.float32))
-  return Routing(experts, gates, active, load, dropped, q_out)
+  return Routing(experts, gates, active, load, dropped, q)
+
+
+def replay(live: Routing, scores: jax.Array, valid: jax.Array, experts: jax.Array,
+           forced: jax.Array, active: jax.Array | None = None, *, norm_topk_prob: bool,
+           routed_scaling_factor: float = 1.0) -> tuple[Routing, jax.Array]:
+  """Imposes recorded experts on the `forced` tokens; the others keep the live routing.
+
+  Args:
+    live: the routing this batch would get (`route` on the same scores): kept where not forced,
+      and its BIP duals `q` (a function of the scores alone) are passed on.
+    scores: `[tokens, experts]` float32 live router affinities (differentiable).
+    valid: `[tokens]` bool, False for padding.
+    experts: `[tokens, k]` integer recorded expert ids, in the order they were chosen (the
+      gate sum then runs in the recorded order).
+    forced: `[tokens]` bool, tokens whose routes are imposed.
+    active: `[tokens, k]` bool recorded assignments that were computed (False = dropped by a
+      capacity limit); None = every assignment of a valid token.
+    norm_topk_prob, routed_scaling_factor: as for `route`.
+
+  Returns:
+    (the `Routing`: gates gathered from the live scores at the forced experts, so the router
+    gets gradients; load and dropped count the replayed assignment; q = live.q,
+    agree `[]` float32: forced assignments of valid tokens that the live routing also chose).
+  """
+  chex.assert_equal_shape([live.experts, experts])
+  chex.assert_shape(forced, valid.shape)
+  forced = forced.astype(bool) & valid.astype(bool)
+  rec = experts.astype(jnp.int32)
+  rec_active = jnp.broadcast_to(valid[:, None], rec.shape) if active is None else (
+      active.astype(bool) & valid[:, None])
+  chosen = jnp.where(forced[:, None], rec, live.experts)
+  act = jnp.where(forced[:, None], rec_active, live.active)
+  same = jnp.any(rec[:, :, None] == live.experts[:, None, :], axis=-1) & forced[:, None]
+  out = _routing(scores, valid, chosen, act, live.q, norm_topk_prob, routed_scaling_factor)
+  return out, jnp.sum(same.astype(jnp.float32))
+
+
+def route_dtype(num_experts: int):
+  """The compact dtype of recorded expert ids: uint8 up to 256 experts, else uint16."""
+  if num_experts <= 256:
+    return jnp.uint8
+  if num_experts <= 65536:
+    return jnp.uint16
+  raise ValueError(f"{num_experts} experts do not fit a uint16 route record")
 
 
 def switch_aux_loss(scores: jax.Array, routing: Routing, valid: jax.Array, k: int) -> jax.Array:

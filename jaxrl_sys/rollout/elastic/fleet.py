@@ -10,7 +10,7 @@ schedule with `due(now) -> [TraceEvent]` (`schedules.TracePlayer` over a Bamboo 
 3. starts workers on available, unused nodes up to `min(cap, available)` (as RLBoost's
    replayer: a lost node is replaced at once if spare capacity exists), and retires the newest
    ones gracefully when the cap drops. The cap is the smaller of its own and the manager's
-   `worker_cap` (the offload controller's N_prem).
+   (`fleet.cap`, set by the offload controller's `set_cap`: N_prem).
 
 Workers come from a `factory(worker_id) -> Worker` (a Ray actor, a simulated instance), so
 the same fleet logic runs in real runs, tests and the simulator.
@@ -27,10 +27,14 @@ requests off a lost worker is one line.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from jaxrl_sys.rollout.elastic.traces import ADD, REMOVE
 from jaxrl_sys.rollout.workers.protocol import Worker
+
+if TYPE_CHECKING:
+  from jaxrl_sys.rollout.manager.state import ManagerStats
+  from jaxrl_sys.rollout.manager.view import ElasticPort, FleetView
 
 
 def _preempt(worker: Worker) -> None:
@@ -96,15 +100,15 @@ class Fleet:
   def cap(self) -> int | None:
     return self._cap() if callable(self._cap) else self._cap
 
-  def _serving(self, manager) -> bool:
-    states = getattr(manager, "workers", {})
+  def _serving(self, manager: ElasticPort) -> bool:
+    fleet = manager.fleet
     for w in self.workers.values():
-      ws = states.get(w.worker_id)
+      ws = fleet.get(w.worker_id)
       if ws is not None and ws.version >= 0 and ws.assigned:
         return True
     return False
 
-  def _schedule_time(self, manager, now: float) -> float:
+  def _schedule_time(self, manager: ElasticPort, now: float) -> float:
     if not self.serving_clock:
       if self._origin is None:
         self._origin = now
@@ -118,17 +122,16 @@ class Fleet:
     if self._say is not None:
       self._say(text)
 
-  def _joins(self, manager, now: float) -> None:
+  def _joins(self, fleet: FleetView, stats: ManagerStats, now: float) -> None:
     """Notes the workers that loaded their first weights since the previous tick."""
-    states = getattr(manager, "workers", {})
     for w in self.workers.values():
-      ws = states.get(w.worker_id)
+      ws = fleet.get(w.worker_id)
       if ws is not None and ws.version >= 0 and w.worker_id not in self._ready:
         self._ready.add(w.worker_id)
         self.log.append((now, "join", w.worker_id))
         self._started_since_kill = True
         self._message(f"fleet: {w.worker_id} joined (serving weight version {ws.version})")
-    self._tokens = int(getattr(getattr(manager, "stats", None), "tokens", 0))
+    self._tokens = stats.tokens
     if self._paused and self._may_kill():
       self._paused = False
       self._message("fleet: kills resumed (a worker finished starting and tokens arrived)")
@@ -136,9 +139,8 @@ class Fleet:
   def _may_kill(self) -> bool:
     return self._started_since_kill and self._tokens > self._tokens_at_kill
 
-  def _migrations(self, manager) -> None:
-    stats = getattr(manager, "stats", None)
-    now = (getattr(stats, "migrated", 0), getattr(stats, "tokens_kept", 0))
+  def _migrations(self, stats: ManagerStats) -> None:
+    now = (stats.migrated, stats.tokens_kept)
     moved, kept = now[0] - self._migrated[0], now[1] - self._migrated[1]
     self._migrated = now
     if moved > 0:
@@ -165,9 +167,14 @@ class Fleet:
       self.log.append((now, "preempt", w.worker_id))
       self._message(f"fleet: killed {w.worker_id}")
 
-  def __call__(self, manager, now: float) -> None:
+  def __call__(self, manager: ElasticPort, now: float) -> None:
     t = self._schedule_time(manager, now)
-    self._joins(manager, now)
+    fleet = manager.fleet
+    # The counters are a copy: read only when kills may pause or lines are printed (the
+    # simulator ticks a silent fleet many thousand times).
+    stats = fleet.stats if self.pause_kills or self._say is not None else None
+    if stats is not None:
+      self._joins(fleet, stats, now)
     if self.schedule is not None:
       for ev in self.schedule.due(t):
         if ev.kind == ADD:
@@ -175,12 +182,13 @@ class Fleet:
         elif ev.kind == REMOVE:
           self._remove(ev.node, now)
     for node, w in list(self.workers.items()):
-      if w.worker_id not in manager.workers:
+      if w.worker_id not in fleet:
         del self.workers[node]
         self.log.append((now, "gone", w.worker_id))
         self._message(f"fleet: {w.worker_id} is gone (lost by the manager)")
-    self._migrations(manager)
-    cap, wanted = self.cap(), getattr(manager, "worker_cap", None)
+    if stats is not None:
+      self._migrations(stats)
+    cap, wanted = self.cap(), fleet.cap
     if wanted is not None:
       cap = wanted if cap is None else min(cap, wanted)
     want = len(self.available) if cap is None else min(cap, len(self.available))
@@ -205,6 +213,6 @@ class Fleet:
     self._above_since = None
     for node in list(self.workers)[::-1][:extra]:
       w = self.workers.pop(node)
-      if w.worker_id in manager.workers:
+      if w.worker_id in fleet:
         manager.retire_worker(w.worker_id)
       self.log.append((now, "retire", w.worker_id))

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+  from jaxrl_sys.rollout.manager.view import ElasticPort
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,12 +75,13 @@ class StepTimings:
   Attributes:
     t_wait_train: the trainer idle after seeding, waiting for responses.
     t_wait_remote: remote workers idle after their last response until the step ended
-      (mean over the remote workers of the step).
+      (mean over the remote workers alive at the step's end; one preempted or retired during
+      the step did not wait for it).
     t_train: the trainer's effective (non-idle) training time.
     t_remote: remote compute time (mean busy time per remote worker).
     n_prem: remote workers, time-averaged over the step.
     n_next: remote workers alive at the end of the step (the count for the next one).
-    count_changed: whether a remote worker joined or was lost during the step.
+    count_changed: whether a remote worker joined, was lost or was retired during the step.
     t_step: the step's wall time (the window never exceeds it).
   """
   t_wait_train: float
@@ -166,32 +170,33 @@ class OffloadDriver:
     self._start: dict[str, Any] = {}
 
   @staticmethod
-  def _split(manager) -> tuple[list[str], list[str]]:
-    local = [w for w, ws in manager.workers.items() if ws.worker.local]
-    return local, [w for w in manager.workers if w not in local]
+  def _split(manager: ElasticPort) -> tuple[list[str], list[str]]:
+    local = [w for w, ws in manager.fleet.items() if ws.local]
+    return local, [w for w in manager.fleet if w not in local]
 
-  def apply_cap(self, manager) -> None:
-    """Sets the fleet cap (`manager.worker_cap`) to the controller's N_prem (when capping);
-    call it before the fleet first starts workers so that none beyond the cap start."""
+  def apply_cap(self, manager: ElasticPort) -> None:
+    """Sets the fleet cap (`manager.set_cap`) to the controller's N_prem (when capping); call
+    it before the fleet first starts workers so that none beyond the cap start."""
     if self.config.cap_workers:
-      manager.worker_cap = self.state.worker_cap(self.config.cap_ceil)
+      manager.set_cap(self.state.worker_cap(self.config.cap_ceil))
 
-  def begin_step(self, manager) -> None:
+  def begin_step(self, manager: ElasticPort) -> None:
     local, remote = self._split(manager)
     for w in local:
       manager.set_accepting(w, True)
     self.seeding, self.handed_off = bool(local and remote), False
     self.apply_cap(manager)
     self._t0 = manager.clock.now()
+    stats = manager.fleet.stats
     self._start = dict(times=manager.worker_times(), remote_s=manager.remote_worker_seconds(),
-                       counts=(manager.stats.joined, manager.stats.lost),
-                       tokens=(manager.stats.tokens, manager.stats.tokens_local))
+                       counts=(stats.joined, stats.lost), remote=set(remote),
+                       tokens=(stats.tokens, stats.tokens_local))
 
   def deadline(self) -> float | None:
     """Clock time at which the local workers hand off (None: no seeding this step)."""
     return self._t0 + self.state.t_seed if self.seeding and not self.handed_off else None
 
-  def hand_off(self, manager) -> int:
+  def hand_off(self, manager: ElasticPort) -> int:
     """Stops the local workers and seeds their unfinished requests to remote workers."""
     local, remote = self._split(manager)
     self.handed_off = True
@@ -203,14 +208,15 @@ class OffloadDriver:
       n += manager.evacuate(w)
     return n
 
-  def __call__(self, manager, now: float) -> None:  # pylint: disable=unused-argument
+  def __call__(self, manager: ElasticPort, now: float) -> None:  # pylint: disable=unused-argument
     if self.handed_off:
       local, remote = self._split(manager)
       if local and not remote:  # every remote worker is gone: the trainer takes the work back
         for w in local:
           manager.set_accepting(w, True)
 
-  def end_step(self, manager, t_wait_train: float, t_train: float) -> dict[str, float]:
+  def end_step(self, manager: ElasticPort, t_wait_train: float,
+               t_train: float) -> dict[str, float]:
     """Measures the step, updates the controller (when remote workers took part) and returns
     the step's offload metrics."""
     now = manager.clock.now()
@@ -221,14 +227,18 @@ class OffloadDriver:
       if local:
         continue
       b0 = before.get(wid, (0.0, self._t0, False))[0]
-      if b - b0 > 0 or wid in manager.workers:
+      if b - b0 > 0 or wid in manager.fleet:
         busy.append(b - b0)
-        waits.append(now - max(last, self._t0))
+        if wid in manager.fleet:  # one preempted or retired mid-step did not wait to the end
+          waits.append(now - max(last, self._t0))
     n_prem = (manager.remote_worker_seconds() - self._start["remote_s"]) / t_step
-    changed = (manager.stats.joined, manager.stats.lost) != self._start["counts"]
+    stats = manager.fleet.stats
     _, remote = self._split(manager)
+    # "the instance count did not change during the step": no join, no loss, no retirement
+    changed = ((stats.joined, stats.lost) != self._start["counts"]
+               or set(remote) != self._start["remote"])
     tok0, loc0 = self._start["tokens"]
-    tokens, local_tokens = manager.stats.tokens - tok0, manager.stats.tokens_local - loc0
+    tokens, local_tokens = stats.tokens - tok0, stats.tokens_local - loc0
     timings = StepTimings(
         t_wait_train=t_wait_train, t_wait_remote=sum(waits) / len(waits) if waits else 0.0,
         t_train=t_train, t_remote=sum(busy) / len(busy) if busy else 0.0, n_prem=n_prem,

@@ -23,8 +23,8 @@ class TracePlayer:
   """
 
   def __init__(self, trace: Trace, time_scale: float = 1.0, origin: float = 0.0):
-    if not time_scale > 0:
-      raise ValueError(f"TracePlayer: time_scale must be > 0, got {time_scale}")
+    if not (time_scale > 0 and math.isfinite(time_scale)):
+      raise ValueError(f"TracePlayer: time_scale must be a finite number > 0, got {time_scale}")
     self.trace, self.time_scale, self.origin = trace, float(time_scale), float(origin)
     self._next, self._now = 0, -math.inf
 

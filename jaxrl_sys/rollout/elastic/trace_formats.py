@@ -24,11 +24,18 @@ one; anything else is an error that lists these):
   highest slots).
 - `skypilot`: SkyPilot's spot-traces JSON `{"metadata": {"gap_seconds": g}, "data": [n, ...]}`,
   one count per tick of g seconds; `end` = len(data) x g. Slots as for `counts`.
+
+**Plausibility** (checked while reading, before any event is built, so that a wrong column or
+unit fails at once instead of building a billion events): counts are whole numbers >= 0 (`nan`,
+`1.5`, `-3` are errors naming the line), at most `MAX_LIVE` nodes are live at once, a trace has
+at most `MAX_EVENTS` events, and times are finite. Every error is a `ValueError` that names the
+file and line; a file that cannot be read is a `ValueError` too (`load_trace`).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import statistics
 from collections.abc import Sequence
@@ -65,6 +72,13 @@ def bundled_trace(name: str) -> str:
   return path
 
 
+# Public spot traces make at most a few hundred instances available at once (Bamboo p3: 32;
+# SkyPilot's 16-node zones: 16); a count beyond these is a unit or column mistake, and the
+# events it would expand to (one per slot) would not fit in memory.
+MAX_LIVE = 10_000
+MAX_EVENTS = 2_000_000
+
+
 def known_formats() -> str:
   return "; ".join(f"{k} ({v})" for k, v in FORMATS.items())
 
@@ -73,8 +87,23 @@ def _name(source: str) -> str:
   return os.path.splitext(os.path.basename(source))[0]
 
 
+def _check_size(live: int, events: int, where: str) -> None:
+  if live > MAX_LIVE:
+    raise ValueError(f"{where}: {live:,} instances live at once; a trace may have at most "
+                     f"{MAX_LIVE:,} (is the count column right?)")
+  if events > MAX_EVENTS:
+    raise ValueError(f"{where}: the trace expands to more than {MAX_EVENTS:,} add/remove "
+                     "events; cut it into shorter pieces")
+
+
 def _finish(rows: list[tuple[int, TraceEvent]], end: float, source: str) -> Trace:
   check_events([e for _, e in rows], lambda i: f"{source}:{rows[i][0]}")
+  live = peak = 0
+  for _, e in rows:
+    live += 1 if e.kind == ADD else -1
+    if live > peak:
+      peak = live
+  _check_size(peak, len(rows), source)
   return Trace(tuple(e for _, e in rows), end, _name(source))
 
 
@@ -97,6 +126,8 @@ def parse_bamboo(text: str, source: str = "<string>") -> Trace:
       ms = int(parts[0])
     except ValueError:
       raise ValueError(f"{source}:{no}: time {parts[0]!r} is not an integer (ms)") from None
+    if len(rows) >= MAX_EVENTS:
+      _check_size(0, len(rows) + 1, source)
     if ms < 0:
       raise ValueError(f"{source}:{no}: negative time {ms} ms")
     if parts[1] not in (ADD, REMOVE):
@@ -115,8 +146,12 @@ def parse_parcae(text: str, source: str = "<string>") -> Trace:
       ms, action, info = json.loads(line)
       nodes, duration = info.get("nodes", []), float(info.get("duration", 0))
       ms = float(ms)
+      nodes = list(nodes)
     except (ValueError, TypeError, AttributeError) as err:
       raise ValueError(f"{source}:{no}: expected [ms, action, {{'nodes': [...]}}]: {err}") from None
+    if not (math.isfinite(ms) and math.isfinite(duration) and duration >= 0):
+      raise ValueError(f"{source}:{no}: time {ms} ms and duration {duration} ms must be finite "
+                       "(duration >= 0)")
     if action not in (ADD, REMOVE, "no-op", "DONE"):
       raise ValueError(f"{source}:{no}: unknown action {action!r} (add, remove, no-op or DONE)")
     if ms < 0:
@@ -129,6 +164,7 @@ def parse_parcae(text: str, source: str = "<string>") -> Trace:
     if action == "DONE":
       done, end = no, ms / 1000.0
       continue
+    _check_size(0, len(rows) + len(nodes), source)
     rows += [(no, TraceEvent(ms / 1000.0, action, str(n))) for n in nodes]
     end = max(end, (ms + duration) / 1000.0)
   return _finish(rows, end, source)
@@ -141,9 +177,13 @@ def _timestamp(fields: Sequence[str], source: str, no: int) -> float:
   """Seconds of a timestamp given as one number, one ISO date-time or a date and a time."""
   if len(fields) == 1:
     try:
-      return float(fields[0])
+      t = float(fields[0])
     except ValueError:
       pass
+    else:
+      if not math.isfinite(t):
+        raise ValueError(f"{source}:{no}: timestamp {fields[0]!r} is not a finite number")
+      return t
   text = " ".join(fields)
   try:
     t = _dt.datetime.fromisoformat(text)
@@ -155,21 +195,40 @@ def _timestamp(fields: Sequence[str], source: str, no: int) -> float:
   return t.timestamp()
 
 
+def _number(text: str) -> float | None:
+  """The value of a numeric field (None: not a number at all, e.g. a header's column name)."""
+  try:
+    return float(text)
+  except ValueError:
+    return None
+
+
 def _int_count(text: str) -> int | None:
+  """The count in `text` when it is a whole number (None otherwise)."""
   try:
     return int(text)
   except ValueError:
-    try:
-      f = float(text)
-    except ValueError:
-      return None
-    return int(f) if f.is_integer() else None
+    f = _number(text)
+    return int(f) if f is not None and math.isfinite(f) and f.is_integer() else None
+
+
+def _check_count(count: int, where: str) -> None:
+  if count < 0:
+    raise ValueError(f"{where}: negative count {count}")
+  _check_size(count, 0, where)
 
 
 def counts_to_trace(times: Sequence[float], counts: Sequence[int], end: float,
                     name: str = "") -> Trace:
   """A trace whose live count is `counts[i]` from `times[i]` (increasing, seconds) on: slot i
-  (node `slot-i`) is live while the count is > i."""
+  (node `slot-i`) is live while the count is > i. Raises ValueError beyond `MAX_LIVE` nodes or
+  `MAX_EVENTS` events (checked before any event is built)."""
+  prev, changes = 0, 0
+  for c in counts:
+    _check_count(c, name or "counts")
+    changes += abs(c - prev)
+    prev = c
+  _check_size(0, changes, name or "counts")
   ev, n = [], 0
   for t, c in zip(times, counts):
     if c > n:
@@ -187,16 +246,16 @@ def parse_counts(text: str, source: str = "<string>") -> Trace:
   for no, line in _lines(text):
     fields = [f.strip() for f in (line.split(",") if "," in line else line.split())]
     fields = [f for f in fields if f]
-    count = _int_count(fields[-1]) if len(fields) >= 2 else None
-    if count is None and first:  # a header
+    numeric = len(fields) >= 2 and _number(fields[-1]) is not None
+    if not numeric and first:  # a header
       first = False
       continue
     first = False
+    count = _int_count(fields[-1]) if numeric else None
     if count is None:
-      raise ValueError(f"{source}:{no}: expected '<timestamp>,<count>' with an integer count, "
+      raise ValueError(f"{source}:{no}: expected '<timestamp>,<count>' with a whole-number count, "
                        f"got {line!r}")
-    if count < 0:
-      raise ValueError(f"{source}:{no}: negative count {count}")
+    _check_count(count, f"{source}:{no}")
     t = _timestamp(fields[:-1], source, no)
     while points and points[-1][0] >= t:  # this line replaces the points at or after its time
       points.pop()
@@ -215,11 +274,15 @@ def parse_skypilot(text: str, source: str = "<string>") -> Trace:
   try:
     d = json.loads(text)
     gap = float(d["metadata"]["gap_seconds"])
-    data = [int(x) for x in d["data"]]
+    data = [_int_count(str(x)) for x in d["data"]]
   except (ValueError, TypeError, KeyError) as err:
     raise ValueError(f"{source}: expected {FORMATS['skypilot']}: {err!r}") from None
-  if not gap > 0 or any(x < 0 for x in data):
-    raise ValueError(f"{source}: gap_seconds must be > 0 and counts >= 0")
+  if not (gap > 0 and math.isfinite(gap)):
+    raise ValueError(f"{source}: gap_seconds must be a finite number > 0, got {gap}")
+  for i, x in enumerate(data):
+    if x is None:
+      raise ValueError(f"{source}: data[{i}] = {d['data'][i]!r} is not a whole-number count")
+    _check_count(x, f"{source}: data[{i}]")
   return counts_to_trace([i * gap for i in range(len(data))], data, len(data) * gap,
                          _name(source))
 
@@ -263,8 +326,14 @@ def load_trace(path: str, fmt: str = "auto") -> Trace:
   """The trace in file `path`, in format `fmt` ("auto": told from its first line)."""
   if fmt != "auto" and fmt not in PARSERS:
     raise ValueError(f"unknown trace format {fmt!r}; known formats: auto, {known_formats()}")
-  with open(path, newline="") as f:
-    text = f.read()
+  if not os.path.isfile(path):
+    raise ValueError(f"trace {path}: no such file" + (" (it is a directory)"
+                                                      if os.path.isdir(path) else ""))
+  try:
+    with open(path, newline="", encoding="utf-8-sig") as f:
+      text = f.read()
+  except (OSError, UnicodeDecodeError) as err:
+    raise ValueError(f"trace {path}: cannot be read: {err}") from None
   return parse_trace(text, path, fmt)
 
 

@@ -202,9 +202,9 @@ class Trace:
                  f"{self.name}~{fraction:g}@{seed}")
 
   def scale_time(self, factor: float) -> Trace:
-    """Every time (and `end`) multiplied by `factor` > 0."""
-    if not factor > 0:
-      raise ValueError(f"scale_time: factor must be > 0, got {factor}")
+    """Every time (and `end`) multiplied by `factor` (finite, > 0)."""
+    if not (factor > 0 and math.isfinite(factor)):
+      raise ValueError(f"scale_time: factor must be a finite number > 0, got {factor}")
     return Trace(tuple(TraceEvent(e.t * factor, e.kind, e.node) for e in self.events),
                  self.end * factor, f"{self.name}x{factor:g}")
 

@@ -43,8 +43,8 @@ class EngineConfig:
     sampling: temperature / top_k / top_p / stop_tokens (its max_new_tokens is unused: the
       budget comes per request).
     share_prefixes: share the KV of identical prefill sequences (GRPO groups) by row copies.
-    recompute_kv_on_swap: on `set_weights`, re-prefill running requests with the new weights
-      instead of keeping their KV.
+    recompute_kv_on_swap: on a weight load (`Engine.load`), re-prefill running requests with
+      the new weights instead of keeping their KV.
     cache_dtype: KV cache dtype name ("float32", "bfloat16"); None = the model compute dtype.
   """
   num_slots: int = 8

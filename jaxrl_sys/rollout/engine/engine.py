@@ -18,13 +18,22 @@ Randomness is `fold_in(request.key, response_index)`, so outputs do not depend o
 batch, arrival order or interruption. The host state between steps is exact: `abort()` returns
 each request with every token generated so far, ready to be resumed on any engine.
 
+MoE policies: every token is routed on its own (the stored balancing state; no BIP sweep or
+capacity drop across slots), so a request's tokens do not depend on its batch-mates. The
+experts of every fed position travel with the request (`Request.routes`, streamed in
+`TokenChunk.routes`): a prefix's routes are captured once by its prefill and kept per slot on
+the host beside the slot's KV, so requests that take the prefix by a row copy take its routes
+too; a request that arrives with recorded routes (resumed, migrated, re-queued on a weight
+swap) is re-prefilled with them forced, rebuilding its KV with the experts that produced its
+logged log-probs (such a prefix is shared only with requests whose routes are the same).
+
 Design choices:
 - KV layout: one contiguous `max_len` row per slot, not pages. A paged cache pays off when
   rows are much shorter than `max_len` on average; with the XLA attention of `models.forward`
   (no paged-attention kernel) it needs a gather of every row's pages each step. Here the
   decode window (rows x width buckets) already makes a step's cost follow the live lengths,
   and shared prompts cost one row copy at admission.
-- Weight swap (`set_weights`) takes effect at the next decode step. By default the KV of
+- A weight load (`load`) takes effect at the next decode step. By default the KV of
   in-flight requests is kept (computed with the older weights); every token sampled afterwards
   comes from the new weights' logits and carries the new version (the pending-token design of
   `rollout.engine.slots` makes that exact). Prefixes cached under the old weights are not shared
@@ -44,6 +53,7 @@ from jaxrl_sys.models import kv_cache as kvc
 from jaxrl_sys.models.config import ModelConfig
 from jaxrl_sys.rollout.engine import slots
 from jaxrl_sys.rollout.engine.config import EngineConfig, EngineStats
+from jaxrl_sys.rollout.engine.routes import SlotRoutes
 from jaxrl_sys.rollout.types import Completion, FinishReason, Request, TokenChunk
 
 pick = slots.pick_bucket
@@ -51,7 +61,7 @@ pick = slots.pick_bucket
 
 class Engine:
   """A continuous-batching engine over `num_slots` slots. Not thread-safe: drive it from one
-  thread (`submit`, `step`, `abort`, `set_weights` between steps)."""
+  thread (`submit`, `step`, `abort`, `load` between steps)."""
 
   def __init__(self, model_config: ModelConfig, params: Any, config: EngineConfig = EngineConfig(),
                version: int = 0, on_chunk: Callable[[list[TokenChunk]], None] | None = None,
@@ -78,6 +88,8 @@ class Engine:
     self._live = np.zeros((s,), bool)
     self._req: list[Request | None] = [None] * s
     self._prefix: list[bytes | None] = [None] * s  # intact prefill prefix of the slot's rows
+    # MoE: each slot's prefix routes and what its request has streamed (`engine.routes`).
+    self._routes = None if model_config.moe is None else SlotRoutes(model_config, s)
     self._waiting: collections.deque[Request] = collections.deque()
     self._ids: set[int] = set()
     self._key_of: dict[int, bytes] = {}
@@ -155,6 +167,14 @@ class Engine:
     if r.min_version > self.version:
       raise ValueError(f"request {r.request_id} needs weight version >= {r.min_version}; this "
                        f"engine has version {self.version}")
+    if r.routes is not None:
+      if self._routes is None:
+        raise ValueError(f"request {r.request_id} carries MoE routes but the model is dense")
+      self._routes.check(r)
+
+  def _forced(self, b: int, t: int):
+    """Zero forced-route arrays of a `[b, t]` prefill (MoE), or None (dense)."""
+    return None if self._routes is None else self._routes.forced(b, t)
 
   def abort(self, request_ids: Iterable[int] | None = None) -> list[Request]:
     """Stops requests (all when None) and returns their exact partial state (resumable).
@@ -192,17 +212,19 @@ class Engine:
       return moe.init_moe_state(self.model_config)
     return moe_state
 
-  def set_weights(self, params: Any, version: int, moe_state: Any = None) -> None:
+  def load(self, params: Any, version: int, moe_state: Any = None) -> None:
     """Uses `params` (same structure, shapes and dtypes) and `moe_state` (MoE models; None =
     zeros) for every token generated from now on; those tokens carry `version`. Running
     requests keep their KV unless `config.recompute_kv_on_swap`, which re-queues them first to
     be re-prefilled."""
     moe_state = self._moe_state(moe_state)
     if _shapes((params, moe_state)) != self._param_shapes:
-      raise ValueError("set_weights: params differ in structure, shape or dtype from the "
+      raise ValueError("load: params differ in structure, shape or dtype from the "
                        "engine's (this would recompile every function)")
     self.params, self.version, self.moe_state = params, int(version), moe_state
     self._prefix = [None] * self.config.num_slots  # new admissions prefill with the new weights
+    if self._routes is not None:
+      self._routes.clear()
     if self.config.recompute_kv_on_swap:
       running = [self._req[s] for s in np.flatnonzero(self._live)]
       for s in np.flatnonzero(self._live):
@@ -217,6 +239,8 @@ class Engine:
 
   def _enqueue(self, r: Request, front: bool = False) -> None:
     key = np.concatenate([r.prompt, r.tokens])[:-1].tobytes()
+    if r.num_routed:  # a prefix rebuilt with recorded routes is shared only with the same routes
+      key += b"|routes|" + r.routes.tobytes()
     self._key_of[r.request_id] = key
     self._waiting_keys[key] += 1
     (self._waiting.appendleft if front else self._waiting.append)(r)
@@ -271,9 +295,10 @@ class Engine:
     todo = variants[done:] if limit is None else variants[done:done + limit]
     for kind, a, b in todo:
       if kind == "prefill":
-        self.cache = self._call(slots.prefill, self.params, self.cache, np.zeros((b, a), np.int32),
-                                np.zeros((b,), np.int32), np.full((b,), n, np.int32),
-                                self.moe_state, config=self.model_config)
+        self.cache, _ = self._call(slots.prefill, self.params, self.cache,
+                                   np.zeros((b, a), np.int32), np.zeros((b,), np.int32),
+                                   np.full((b,), n, np.int32), self.moe_state,
+                                   self._forced(b, a), config=self.model_config)
       elif kind == "copy":
         self.cache = self._call(slots.copy_prefix, self.cache, np.zeros((n,), np.int32),
                                 np.full((n,), n, np.int32), np.zeros((n,), np.int32), t=a)
@@ -305,7 +330,7 @@ class Engine:
     while self._waiting and free:
       r = self._waiting.popleft()
       key = self._key_of[r.request_id]
-      n = len(key) // 4
+      n = len(r.prompt) + r.num_generated - 1   # the prefill prefix: all but the pending token
       self._waiting_keys[key] -= 1
       own = [s for s in sources.get(key, ()) if s in free]  # a free slot holding this prefix
       s = own[0] if own else free[0]
@@ -313,12 +338,17 @@ class Engine:
       if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
         sources[self._prefix[s]].remove(s)
       src = [a for a in sources.get(key, ()) if a != s]  # live, or prefilled this round
+      source = None
       if n == 0 or own:
         copies.append((s, s, n))  # reset the slot's metadata, rows already in place
+        source = s
       elif src:
         copies.append((src[0], s, n))  # copies run after this round's prefills
+        source = src[0]
       else:
-        leaders.append((np.concatenate([r.prompt, r.tokens])[:-1], s))
+        leaders.append((np.concatenate([r.prompt, r.tokens])[:-1], s, r))
+      if self._routes is not None:
+        self._routes.admitted(s, r, source, n)
       self.stats.prefix_hits += int(n > 0 and bool(own or src))
       if c.share_prefixes:
         sources[key].append(s)
@@ -332,13 +362,18 @@ class Engine:
     for i in range(0, len(leaders), max_b):
       part = leaders[i:i + max_b]
       b = pick(len(part), c.prefill_batch_buckets)
-      t = pick(max(len(q) for q, _ in part), c.prefill_buckets)
+      t = pick(max(len(q) for q, _, _ in part), c.prefill_buckets)
       toks, lens = np.zeros((b, t), np.int32), np.zeros((b,), np.int32)
       dst = np.full((b,), c.num_slots, np.int32)
-      for j, (q, s) in enumerate(part):
+      forced = self._forced(b, t)
+      for j, (q, s, r) in enumerate(part):
         toks[j, :len(q)], lens[j], dst[j] = q, len(q), s
-      self.cache = self._call(slots.prefill, self.params, self.cache, toks, lens, dst,
-                              self.moe_state, config=self.model_config)
+        if r.num_routed:  # recorded routes: rebuild the KV with them
+          forced[0][j, :len(q)], forced[1][j, :len(q)] = r.routes, True
+      self.cache, routes = self._call(slots.prefill, self.params, self.cache, toks, lens, dst,
+                                      self.moe_state, forced, config=self.model_config)
+      if routes is not None:
+        self._routes.prefilled(routes, [(s, len(q)) for q, s, _ in part])
       self.stats.prefill_calls += 1
       self.stats.prefill_rows += len(part)
       self.stats.prefill_tokens += int(lens.sum())
@@ -360,6 +395,8 @@ class Engine:
       for arr in (self._pending, self._keys, self._index, self._budget, self._written):
         arr[d] = arr[a]
       self._req[d], self._prefix[d], self._live[d] = self._req[a], self._prefix[a], True
+      if self._routes is not None:
+        self._routes.moved(a, d)
       self._release(a)
     self.stats.moved_rows += len(moves)
 
@@ -376,7 +413,10 @@ class Engine:
     need = self._written[live] + np.minimum(self._budget[live], c.stream_every)
     width = pick(int(need.max()), c.decode_len_buckets)
     out = self._decode(rows, width, self._live[:rows].copy())
-    toks, lps, count, stopped, steps = jax.device_get(out)
+    (toks, lps, count, stopped, steps, routes), fetched = jax.device_get(
+        (out, [] if self._routes is None else self._routes.prefills))
+    if self._routes is not None:
+      self._routes.resolve(fetched, self._req)
     self.stats.decode_calls += 1
     self.stats.decode_steps += int(steps)
     self.stats.decode_row_steps += int(steps) * rows
@@ -386,7 +426,8 @@ class Engine:
       if n == 0:
         continue
       start = r.num_generated
-      r.extend(toks[s, :n], lps[s, :n], self.version)
+      r.extend(toks[s, :n], lps[s, :n], self.version, None if routes is None else routes[s, :n])
+      new_routes = None if routes is None else self._routes.new_routes(s, r)
       self._pending[s] = toks[s, n - 1]
       self._index[s] += n
       self._budget[s] -= n
@@ -395,7 +436,7 @@ class Engine:
       finish = (FinishReason.STOP if stopped[s] else
                 FinishReason.LENGTH if self._budget[s] <= 0 else None)
       chunks.append(TokenChunk(r.request_id, start, toks[s, :n].copy(), lps[s, :n].copy(),
-                               self.version, finish))
+                               self.version, finish, new_routes))
       if finish is not None:
         self._release(s)
         self._finish(r, finish)

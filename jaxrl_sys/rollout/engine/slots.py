@@ -12,6 +12,13 @@ A slot holds a *pending* token: the last token of its sequence, not yet written 
 feeds the pending token, samples the next one from the resulting logits and makes it pending.
 So every sampled token comes from logits computed by the params of the call that sampled it,
 which is what makes per-token weight versions exact across a weight swap.
+
+MoE policies route every token on its own here (`forward`'s per-token routing with a cache: the
+stored balancing state, no BIP sweep or capacity drop across the slots), so a request's tokens
+do not depend on the requests decoded beside it. Prefill and decode also return the experts
+each fed token was routed to (`[.., layers, k]`, `models.moe.route_dtype`), and prefill can
+impose recorded routes on chosen positions (a resumed request's prefix is rebuilt with the
+experts that produced its logged log-probs). Dense models return None for the routes.
 """
 from __future__ import annotations
 
@@ -57,9 +64,17 @@ def _write_prefix(cache: kvc.KVCache, k, v, lengths, dst) -> kvc.KVCache:
       next_position=cache.next_position.at[dst].set(lengths, mode="drop"))
 
 
+def _routes_arg(forced):
+  if forced is None:
+    return None
+  from jaxrl_sys.models.moe import Routes  # pylint: disable=import-outside-toplevel
+  experts, mask = forced
+  return Routes(experts, mask)
+
+
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
-def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, moe_state=None, *,
-            config: ModelConfig) -> kvc.KVCache:
+def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, moe_state=None, forced=None, *,
+            config: ModelConfig):
   """Prefills a block of right-padded sequences and writes each into one slot.
 
   Args:
@@ -69,16 +84,22 @@ def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, moe_state=None, *,
     lengths: `[batch]` int32 real length of each row (0 allowed: resets the slot).
     dst: `[batch]` int32 destination slot per row; `num_slots` for padding rows.
     moe_state: the policy's MoE balancing state (routing biases), or None (dense / zeros).
+    forced: MoE only: (experts `[batch, t, layers, k]`, mask `[batch, t]` bool) recorded routes
+      imposed where mask is set (the other positions route live), or None.
     config: model config (static).
 
   Returns:
-    The updated slot cache.
+    (the updated slot cache, routes `[batch, t, layers, k]` the experts of every position
+    (`models.moe.route_dtype`; MoE models) or None (dense)).
   """
   b, t = tokens.shape
   mask = (jnp.arange(t)[None, :] < lengths[:, None]).astype(jnp.int32)
   tmp = kvc.init_cache(config, b, t, dtype=cache.k.dtype)
-  out = forward(params, config, tokens, attention_mask=mask, cache=tmp, moe_state=moe_state)
-  return _write_prefix(cache, out.cache.k, out.cache.v, lengths, dst)
+  moe = config.moe is not None
+  out = forward(params, config, tokens, attention_mask=mask, cache=tmp, moe_state=moe_state,
+                routes=_routes_arg(forced), return_routes=moe)
+  routes = out.routes.experts if moe else None
+  return _write_prefix(cache, out.cache.k, out.cache.v, lengths, dst), routes
 
 
 @functools.partial(jax.jit, static_argnames=("t",), donate_argnames=("cache",))
@@ -130,11 +151,20 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
   Returns:
     (cache, tokens `[rows, num_steps]` int32, logprobs `[rows, num_steps]` float32,
     count `[rows]` int32 tokens emitted per slot (they are `tokens[:, :count]`),
-    stopped `[rows]` bool ended by a stop token, steps () int32 decode steps run).
+    stopped `[rows]` bool ended by a stop token, steps () int32 decode steps run,
+    routes `[rows, num_steps, layers, k]` the experts of the token fed at each step, the one
+    that produced `tokens[:, step]` (`models.moe.route_dtype`; MoE models, else None)).
   """
   r = pending.shape[0]
+  moe = config.moe is not None
   out_tok = jnp.zeros((r, num_steps), jnp.int32)
   out_lp = jnp.zeros((r, num_steps), jnp.float32)
+  out_routes = None
+  if moe:
+    from jaxrl_sys.models.moe import route_dtype  # pylint: disable=import-outside-toplevel
+    m = config.moe
+    out_routes = jnp.zeros((r, num_steps, config.num_layers, m.num_experts_per_tok),
+                           route_dtype(m.num_experts))
   count = jnp.zeros((r,), jnp.int32)
   stopped = jnp.zeros((r,), bool)
 
@@ -142,24 +172,28 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
     return (c[0] < num_steps) & jnp.any(c[5])
 
   def body(c):
-    step, cache, tok, idx, budget, live, stopped, out_tok, out_lp, count = c
+    step, cache, tok, idx, budget, live, stopped, out_tok, out_lp, count, out_routes = c
     out = forward(params, config, tok[:, None], attention_mask=live[:, None], cache=cache,
-                  moe_state=moe_state, kv_window=width)
+                  moe_state=moe_state, kv_window=width, return_routes=moe)
     logits = logits_from_hidden(params, config, out.hidden[:, 0])
     new, lp = sample_tokens(logits, keys, idx, sampling)
     out_tok = out_tok.at[:, step].set(jnp.where(live, new, 0))
     out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
+    if moe:
+      out_routes = out_routes.at[:, step].set(out.routes.experts[:, 0])
     inc = live.astype(jnp.int32)
     count, idx, budget = count + inc, idx + inc, budget - inc
     stop = live & is_stop_token(new, sampling.stop_tokens)
     stopped = stopped | stop
     tok = jnp.where(live, new, tok)
     live = live & ~stop & (budget > 0)
-    return step + 1, out.cache, tok, idx, budget, live, stopped, out_tok, out_lp, count
+    return step + 1, out.cache, tok, idx, budget, live, stopped, out_tok, out_lp, count, out_routes
 
-  init = (jnp.int32(0), cache, pending, index, budget, live, stopped, out_tok, out_lp, count)
-  step, cache, _, _, _, _, stopped, out_tok, out_lp, count = jax.lax.while_loop(cond, body, init)
-  return cache, out_tok, out_lp, count, stopped, step
+  init = (jnp.int32(0), cache, pending, index, budget, live, stopped, out_tok, out_lp, count,
+          out_routes)
+  step, cache, _, _, _, _, stopped, out_tok, out_lp, count, out_routes = jax.lax.while_loop(
+      cond, body, init)
+  return cache, out_tok, out_lp, count, stopped, step, out_routes
 
 
 JITTED = (prefill, copy_prefix, decode)

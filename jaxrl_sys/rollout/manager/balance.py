@@ -20,6 +20,7 @@ the manager applies it. RLBoost's Algorithm 2, with the parts its released code 
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Sequence
 
@@ -129,6 +130,26 @@ def _take_running(loads: Sequence[WorkerLoad], theta: int, give,
   d = max(donors, key=rank)
   n = min(give(d), receiver.room(theta))
   return (d.worker_id, receiver.worker_id, n) if n > 0 else None
+
+
+def settle(loads: Sequence[WorkerLoad],
+           moves: Sequence[tuple[str, str, bool]]) -> list[WorkerLoad]:
+  """The routing view with the balancer's moves in flight settled: a request being moved counts
+  at its target (pending), no longer at its donor. The balancer runs at every tick, long before
+  a donor acknowledges an abort; without this it would move again what is on its way.
+
+  Args:
+    loads: the workers' loads as they report them.
+    moves: `(donor, target, running at the donor)` of each request on its way.
+  """
+  if not moves:
+    return list(loads)
+  gone = collections.Counter(d for d, _, running in moves if not running)
+  gone_running = collections.Counter(d for d, _, running in moves if running)
+  coming = collections.Counter(t for _, t, _ in moves)
+  return [dataclasses.replace(w, running=w.running - gone_running[w.worker_id],
+                              pending=w.pending - gone[w.worker_id] + coming[w.worker_id])
+          for w in loads]
 
 
 def plateau_batch(profile: np.ndarray, frac: float = 0.9, min_tokens: int = 1) -> int | None:

@@ -9,7 +9,7 @@ class RequestFailedError(RuntimeError):
   failed with an error more than `ManagerConfig.max_attempts` times (preemptions do not count)."""
 
 
-class WeightPullError(RuntimeError):
+class WeightLoadError(RuntimeError):
   """The newest weight version cannot be loaded by the workers (a corrupt or missing version,
   or weights that do not fit the model); the requests waiting for it cannot run."""
 
@@ -27,19 +27,19 @@ class ManagerConfig:
     theta: Θ, requests a worker may hold beyond its free decode slots (delayed dispatch).
     heartbeat_timeout: seconds an exchange with a serving worker may take before the worker is
       declared lost and its requests migrate.
-    startup_timeout: the same for a worker that has no weights yet (process start, first pull,
+    startup_timeout: the same for a worker that has no weights yet (process start, first load,
       compilation).
     max_attempts: the failure budget of a request: worker failures (an error in the worker's
       generation loop) it may survive while held there; one more raises `RequestFailedError`.
       Preemptions (a worker lost, killed, removed or silent past its heartbeat) are not the
       request's fault and never count (`ReqState.preempted` counts them).
-    max_pull_failures: failed pulls of one weight version (over all workers) tolerated; one
-      more raises `WeightPullError` from `poll` while it is the newest version (a corrupt
-      version is never loaded: the workers keep serving their previous version meanwhile).
-    pull_timeout: seconds a worker may take to load a version it was told to pull (the first
-      one includes compiling its engine) before the pull counts as failed and is sent again.
+    max_load_failures: failed loads of one weight version (over all workers) tolerated; one
+      more raises `WeightLoadError` from `poll` while it is the newest version (a corrupt
+      version is never served: the workers keep serving their previous version meanwhile).
+    load_timeout: seconds a worker may take to load a version it was told to load (the first
+      one includes compiling its engine) before the load counts as failed and is sent again.
     stall_timeout: seconds `poll` waits while requests are pending and nothing progresses (no
-      token, completion, weight pull or worker becoming ready) before raising
+      token, completion, weight load or worker becoming ready) before raising
       `RolloutStalledError` with the manager's state.
     balance: continuous load balancing (move pending / running requests to idle workers).
     tail_balance: with `balance`, also split the last running requests of a batch over idle
@@ -58,8 +58,8 @@ class ManagerConfig:
   heartbeat_timeout: float = 30.0
   startup_timeout: float = 300.0
   max_attempts: int = 5
-  max_pull_failures: int = 3
-  pull_timeout: float = 1800.0
+  max_load_failures: int = 3
+  load_timeout: float = 1800.0
   stall_timeout: float = 900.0
   balance: bool = True
   tail_balance: bool = True
@@ -74,12 +74,12 @@ class ManagerConfig:
     if self.theta < 0 or self.max_attempts < 0:
       raise ValueError(f"ManagerConfig: theta and max_attempts must be >= 0, got {self.theta}, "
                        f"{self.max_attempts}")
-    if not (self.heartbeat_timeout > 0 and self.startup_timeout > 0 and self.pull_timeout > 0
+    if not (self.heartbeat_timeout > 0 and self.startup_timeout > 0 and self.load_timeout > 0
             and self.stall_timeout > 0):
-      raise ValueError("ManagerConfig: heartbeat_timeout, startup_timeout, pull_timeout and "
+      raise ValueError("ManagerConfig: heartbeat_timeout, startup_timeout, load_timeout and "
                        "stall_timeout must be > 0")
-    if self.max_pull_failures < 0:
-      raise ValueError(f"ManagerConfig.max_pull_failures must be >= 0, got "
-                       f"{self.max_pull_failures}")
+    if self.max_load_failures < 0:
+      raise ValueError(f"ManagerConfig.max_load_failures must be >= 0, got "
+                       f"{self.max_load_failures}")
     if not 0 < self.plateau_frac <= 1:
       raise ValueError(f"ManagerConfig.plateau_frac must lie in (0, 1], got {self.plateau_frac}")

@@ -1,522 +1,397 @@
-"""The rollout manager's state machine: request token state, workers, routing, migration,
-balancing (no I/O: `manager.exchange.RolloutManager` holds one and drives it with the exchange
-loop).
+"""The rollout manager's state machine: events in, commands and effects out, no I/O.
 
-Events: `submit`, `on_report` (chunks, pulls, rejections of one worker exchange), `add_worker`,
-`on_lost`, `publish`, `tick` (hooks, heartbeats, weight pulls, dispatch, balancing).
-Every decision depends only on the events and the injected clock's readings, so the simulator
-drives the same code on a virtual clock.
+Events (each with its clock time): `submit`, `publish`, `on_committed` (the store committed a
+version), `add_worker`, `on_sent`, `on_report` (chunks, loads, rejections of one exchange),
+`on_lost`, `retire_worker`, `evacuate`, `set_accepting`, `set_cap`, `begin_tick` / `tick`
+(heartbeats, weight loads, dispatch, balancing), the aborts. Out: `outbox()` (each worker's
+`Commands` when its exchange is due) and `take_effects()` (`state.Kill`, `state.Release`,
+`state.Publish`, `state.CollectGarbage`: the exchange loop carries them out).
+
+Two tables, one state machine between them: `requests.RequestTable` (token state, queue,
+completions, migration cuts) and `fleet.WorkerTable` (joins, losses, weight loads, garbage
+collection, the cap, busy accounting); the core decides which worker holds which request
+(dispatch with version gating, migration, evacuation, load balancing). Every field is private;
+`fleet` is the read-only view. Every decision depends only on the events and their times, so
+the simulator drives the same code on a virtual clock.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from jaxrl_sys.rollout.manager import balance
-from jaxrl_sys.rollout.clock import WALL, Clock
-from jaxrl_sys.rollout.manager.config import (ManagerConfig, RequestFailedError,
-                                              WeightPullError)
-from jaxrl_sys.rollout.manager.state import ManagerStats, ReqState, WorkerState
-from jaxrl_sys.rollout.types import Completion, FinishReason, Request, TokenChunk
-from jaxrl_sys.rollout.weights.base import WeightStore
-from jaxrl_sys.rollout.weights.memory import MemoryWeightStore
-from jaxrl_sys.rollout.workers.protocol import Worker, WorkerReport
-
-TickHook = Callable[["ManagerCore", float], None]  # hook(state machine, now)
-
-
-def describe_store(store: Any) -> str:
-  """A weight store's kind and location, for error messages."""
-  where = getattr(store, "url", None) or getattr(store, "path", None)
-  return f"{type(store).__name__}({where})" if where else type(store).__name__
+from jaxrl_sys.rollout.manager.config import ManagerConfig, RequestFailedError
+from jaxrl_sys.rollout.manager.fleet import WorkerTable
+from jaxrl_sys.rollout.manager.requests import RequestTable
+from jaxrl_sys.rollout.manager.state import Effect, Ledger, Publish, ReqState
+from jaxrl_sys.rollout.manager.view import FleetView, TableView
+from jaxrl_sys.rollout.types import Completion, Request
+from jaxrl_sys.rollout.workers.protocol import Commands, WorkerReport
 
 
 class ManagerCore:
-  """The event-driven state machine a `RolloutManager` holds (see the module docstring)."""
+  """The event-driven state machine a `RolloutManager` drives (see the module docstring).
 
-  def __init__(self, workers: Sequence[Worker] = (), store: WeightStore | None = None,
-               config: ManagerConfig = ManagerConfig(), clock: Clock = WALL):
-    self.config, self.clock = config, clock
-    self.store = store if store is not None else MemoryWeightStore()
-    self.workers: dict[str, WorkerState] = {}
-    self.requests: dict[int, ReqState] = {}
-    self.queue: collections.deque[int] = collections.deque()
-    self.latest = -1
-    self.stats = ManagerStats()
-    self.events: list[tuple[float, str, str, str]] = []  # (time, kind, worker, detail)
-    self._done: list[Completion] = []
-    self._failed: list[RuntimeError] = []  # raised by the next poll
-    self._pull_failures: dict[int, list[tuple[str, str]]] = {}  # version -> (worker, message)
-    self.last_progress = clock.now()  # tokens, completions, pulls, readiness, new work
-    self._hooks: list[TickHook] = []
-    self._provenance: dict[int, list[tuple[str, int, int]]] = {}
-    self._in_use: frozenset[int] = frozenset()
-    self._open = 0  # unfinished requests
+  Args:
+    config: `ManagerConfig`.
+    now: the clock time it starts at.
+    store_name: the weight store's kind and location, for error messages.
+  """
+
+  __slots__ = ("_config", "_ledger", "_table", "_view", "_reqs", "_moves", "_last_progress")
+
+  def __init__(self, config: ManagerConfig = ManagerConfig(), *, now: float = 0.0,
+               store_name: str = "the weight store"):
+    self._config = config
+    self._ledger = Ledger()
+    self._table = WorkerTable(config, self._ledger, now, store_name)
+    self._view = TableView(self._table, self._ledger)
+    self._reqs = RequestTable(config, self._ledger)
     self._moves: dict[int, tuple[str, str]] = {}  # balancer moves in flight: id -> (donor, target)
-    self.worker_cap: int | None = None  # remote workers wanted (the controller's N_prem)
-    self.busy_of_gone: dict[str, tuple[float, float, bool]] = {}  # lost / retired workers
-    self._remote_seconds = 0.0  # integral of the remote-worker count over time
-    self._last_tick = clock.now()
-    for w in workers:
-      self.add_worker(w)
+    self._last_progress = now  # tokens, completions, loads, readiness, new work
 
-  def submit(self, requests: Sequence[Request]) -> None:
-    """Queues fresh or partial requests (dispatched at the next round)."""
-    batch = list(requests)
-    ids = [r.request_id for r in batch]
-    if len(set(ids)) != len(ids):
-      raise ValueError(f"duplicate request ids in one submit: {sorted(ids)}")
-    for r in batch:
-      if r.request_id in self.requests:
-        raise ValueError(f"request {r.request_id} is already in flight in the rollout manager")
-    now = self.clock.now()
-    for r in batch:
-      self.requests[r.request_id] = ReqState(dataclasses.replace(r), submitted_at=now)
-      self._provenance[r.request_id] = []
-      self.queue.append(r.request_id)
-    self._open += len(batch)
-    self.stats.submitted += len(batch)
-    self.last_progress = now
-
-  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
-    """Publishes `version` to the store; each worker pulls it at its next exchange (once the
-    store has committed it) and serves it from then on."""
-    self.store.publish(int(version), params, moe_state)
-    self.latest = int(version)
-    self.last_progress = self.clock.now()
-    self.events.append((self.clock.now(), "publish", "", str(version)))
-
-  def add_worker(self, worker: Worker) -> None:
-    """A worker joins: it is told to pull the newest committed version at its first exchange
-    and receives work once it serves a version the requests allow."""
-    if worker.worker_id in self.workers:
-      raise ValueError(f"worker {worker.worker_id} is already registered")
-    self.workers[worker.worker_id] = WorkerState(worker, joined_at=self.clock.now())
-    self.stats.joined += 1
-    self.events.append((self.clock.now(), "join", worker.worker_id, ""))
-
-  def on_lost(self, worker_id: str, reason: str, *, failure: bool = False) -> None:
-    """A worker is gone: kill it (no zombies) and migrate every request it held.
-
-    `failure=True` when the worker broke with an error while generating (the requests it held
-    may have caused it): each counts one attempt against `config.max_attempts`. Otherwise it was
-    preempted (lost, killed, removed, silent), which is not the requests' fault."""
-    ws = self.workers.pop(worker_id, None)
-    if ws is None:
-      return
-    ws.worker.kill()
-    ws.close_busy(self.clock.now())
-    self.busy_of_gone[worker_id] = (ws.busy_total, ws.last_done, ws.worker.local)
-    self.stats.lost += 1
-    moved = list(ws.assigned)
-    self.events.append((self.clock.now(), "lost", worker_id, f"{reason}; {len(moved)} migrated"))
-    for rid in reversed(moved):
-      st = self.requests[rid]
-      st.owner, st.target, st.moving = None, None, False
-      if st.aborting:
-        continue  # abort() collects it
-      if not failure:
-        st.preempted += 1
-      else:
-        st.attempts += 1
-        if st.attempts > self.config.max_attempts:
-          self._failed.append(RequestFailedError(
-              f"request {rid} failed: the workers serving it failed {st.attempts} times (last: "
-              f"{worker_id}: {reason}); {st.preempted} preemptions not counted. Raise "
-              f"--rollout.max_request_failures (ManagerConfig.max_attempts) or check the workers"))
-          continue
-      self.queue.appendleft(rid)
-      self.stats.migrated += 1
-    self._cut_migrated([r for r in moved if not self.requests[r].aborting])
-    self._update_gc()
-
-  def _cut_migrated(self, ids: list[int]) -> None:
-    """What a migrated request keeps: every token (ours); or, as ablations, nothing
-    (`migrate_tokens=False`: restart from the prompt) or the shortest sibling's length of its
-    group (`trim_siblings=True`, RLBoost's released retry path)."""
-    keep = {rid: self.requests[rid].request.num_generated for rid in ids}
-    if self.config.trim_siblings:
-      shortest: dict[int, int] = {}
-      for rid in ids:
-        g = self.requests[rid].request.group_id
-        shortest[g] = min(shortest.get(g, keep[rid]), keep[rid])
-      keep = {rid: shortest[self.requests[rid].request.group_id] for rid in ids}
-    if not self.config.migrate_tokens:
-      keep = dict.fromkeys(ids, 0)
-    for rid in ids:
-      r, n = self.requests[rid].request, keep[rid]
-      self.stats.tokens_kept += n
-      self.stats.tokens_discarded += r.num_generated - n
-      if n < r.num_generated:
-        r.tokens, r.logprobs, r.versions = r.tokens[:n], r.logprobs[:n], r.versions[:n]
-        prov = self._provenance.get(rid, [])
-        self._provenance[rid] = [(w, a, min(b, n)) for w, a, b in prov if a < n]
+  # ----- reads -----------------------------------------------------------------------------------
+  @property
+  def fleet(self) -> FleetView:
+    """The read-only view of the workers and the journals (`view.FleetView`)."""
+    return self._view
 
   @property
   def num_open(self) -> int:
     """Requests submitted and not finished (completions waiting for `poll` excluded)."""
-    return self._open
+    return self._reqs.num_open
+
+  @property
+  def last_progress(self) -> float:
+    """Clock time of the last token, completion, weight load, ready worker or new work."""
+    return self._last_progress
 
   def num_done(self) -> int:
     """Completions waiting to be taken."""
-    return len(self._done)
+    return self._reqs.num_done()
+
+  def num_pending(self) -> int:
+    """Requests submitted and not yet returned by `take_completions` or an abort."""
+    return len(self._reqs)
+
+  def snapshot(self) -> list[Request]:
+    """Copies of every unfinished request's token state (id order), without stopping anything:
+    a checkpoint of the in-flight rollout; resubmitting them resumes exactly."""
+    return self._reqs.snapshot()
+
+  def metrics(self) -> dict:
+    """Cumulative counters (`ManagerStats`) plus gauges: live workers, version lag (newest
+    published version minus the oldest one a live worker serves), weight loads."""
+    out = self._ledger.stats.counters()
+    out.update(self._table.gauges())
+    return out
+
+  def describe(self) -> str:
+    """A one-paragraph account of the rollout state (for stall errors)."""
+    return (f"{self._table.describe()}; {len(self._reqs.queue)} requests queued (min_version "
+            f"{self._reqs.queued_min_versions()}); newest weight version {self._table.latest}; "
+            f"last events: {self._ledger.events[-5:]}")
+
+  def worker_times(self, now: float) -> dict[str, tuple[float, float, bool]]:
+    """Per worker ever seen: `(busy seconds so far, time of its last finished response,
+    local)`; busy = holding at least one request (the offload controller's t_remote and
+    t_wait_remote come from differences of these over a step)."""
+    return self._table.worker_times(now)
+
+  def remote_worker_seconds(self, now: float) -> float:
+    """The integral over time of the number of remote workers, up to `now`."""
+    return self._table.remote_worker_seconds(now)
+
+  # ----- outputs ---------------------------------------------------------------------------------
+  def outbox(self) -> Iterator[tuple[str, Commands]]:
+    """`(worker_id, Commands)` of each exchange due, one at a time (call `on_sent` after
+    sending each)."""
+    return self._table.outbox()
+
+  def outstanding(self) -> list[str]:
+    """Workers with an exchange in flight, in join order."""
+    return self._table.outstanding()
+
+  def exchange_due(self) -> bool:
+    """A synchronous worker has an exchange due."""
+    return self._table.exchange_due()
+
+  def take_effects(self) -> list[Effect]:
+    """The effects produced since the last call, in order (the exchange loop carries them out)."""
+    effects = self._ledger.effects
+    if not effects:
+      return []
+    out = list(effects)
+    effects.clear()
+    return out
 
   def take_completions(self) -> list[Completion]:
     """The completions finished since the last call; their requests are forgotten."""
-    out, self._done = self._done, []
-    for c in out:
-      self.requests.pop(c.request_id, None)
-    return out
+    return self._reqs.take_completions()
 
   def raise_failures(self) -> None:
-    """Raises the first `RequestFailedError` recorded since the last call, if any."""
-    if self._failed:
-      err, self._failed = self._failed[0], []
+    """Raises the first `RequestFailedError` / `WeightLoadError` recorded since the last call."""
+    failed = self._ledger.failures
+    if failed:
+      err = failed[0]
+      failed.clear()
       raise err
 
-  def remove_worker(self, worker_id: str, reason: str = "removed") -> None:
-    """Kills a worker now (e.g. a preemption from a trace): same as a loss."""
-    self.on_lost(worker_id, reason)
+  # ----- events ----------------------------------------------------------------------------------
+  def submit(self, requests: Sequence[Request], now: float) -> None:
+    """Queues fresh or partial requests (dispatched at the next tick)."""
+    self._reqs.submit(requests, now)
+    self._last_progress = now
 
-  def retire_worker(self, worker_id: str) -> None:
+  def publish(self, version: int, now: float) -> None:
+    """`version` is published (effect `Publish`: the exchange loop writes it to the store); each
+    worker loads it at its next exchange once the store committed it (`on_committed`)."""
+    self._ledger.effects.append(Publish(int(version)))
+    self._table.publish(version, now)
+    self._last_progress = now
+
+  def awaiting_commit(self) -> tuple[int, bool] | None:
+    """While the store has not committed the newest published version: `(that version, whether
+    a worker waits to be told to load it)`; else None."""
+    version = self._table.awaiting_commit()
+    return None if version is None else (version, self._table.load_waiting())
+
+  def on_committed(self, ref: Any) -> None:
+    """The store committed the newest version: `ref` (a `WeightRef`) is what workers load."""
+    self._table.on_committed(ref)
+
+  def add_worker(self, worker_id: str, now: float, *, local: bool, synchronous: bool) -> None:
+    """A worker joins (see `WorkerTable.add`)."""
+    self._table.add(worker_id, now, local=local, synchronous=synchronous)
+
+  def forget_workers(self) -> None:
+    """Every worker is gone at once (the manager closed; the exchange loop killed them)."""
+    self._table.clear()
+
+  def set_accepting(self, worker_id: str, accepting: bool) -> None:
+    """Enables / disables dispatch to a worker (e.g. the trainer's seeding engines)."""
+    self._table.set_accepting(worker_id, accepting)
+
+  def set_cap(self, n: int | None) -> None:
+    """The remote workers wanted (the offload controller's N_prem; None: no cap)."""
+    self._table.set_cap(n)
+
+  def on_sent(self, worker_id: str, now: float) -> None:
+    """An exchange with `worker_id` started at `now`."""
+    self._table.on_sent(worker_id, now)
+
+  def on_lost(self, worker_id: str, reason: str, now: float, *, failure: bool = False) -> None:
+    """A worker is gone: it is killed (no zombies) and every request it held migrates.
+
+    `failure=True` when the worker broke with an error while generating (the requests it held
+    may have caused it): each counts one attempt against `config.max_attempts`. Otherwise it was
+    preempted (lost, killed, removed, silent), which is not the requests' fault."""
+    ws = self._table.remove(worker_id, now)
+    if ws is None:
+      return
+    moved = list(ws.assigned)
+    self._ledger.events.append((now, "lost", worker_id, f"{reason}; {len(moved)} migrated"))
+    for rid in reversed(moved):
+      st = self._reqs[rid]
+      st.owner, st.target, st.moving = None, None, False
+      if st.aborting:
+        continue  # the abort collects it
+      if not failure:
+        st.preempted += 1
+      else:
+        st.attempts += 1
+        if st.attempts > self._config.max_attempts:
+          self._ledger.failures.append(RequestFailedError(
+              f"request {rid} failed: the workers serving it failed {st.attempts} times (last: "
+              f"{worker_id}: {reason}); {st.preempted} preemptions not counted. Raise "
+              f"--rollout.max_request_failures (ManagerConfig.max_attempts) or check the workers"))
+          continue
+      self._reqs.queue.appendleft(rid)
+      self._ledger.stats.migrated += 1
+    self._reqs.cut_migrated([r for r in moved if not self._reqs[r].aborting])
+    self._table.update_gc()
+
+  def retire_worker(self, worker_id: str, now: float) -> None:
     """Graceful removal: stop sending work, abort its requests (re-queued with every token kept,
     no attempt counted) and drop it once all are acknowledged."""
-    ws = self.workers[worker_id]
-    ws.retiring = True
-    self.evacuate(worker_id)
+    self._table[worker_id].retiring = True
+    self.evacuate(worker_id, None, None, now)
 
-  def evacuate(self, worker_id: str, request_ids: Iterable[int] | None = None,
-               target: str | None = None) -> int:
+  def evacuate(self, worker_id: str, request_ids: Iterable[int] | None, target: str | None,
+               now: float) -> int:
     """Moves requests off a live worker (all when None): abort there, re-queue on the
     acknowledgement (towards `target` if given). Returns how many were asked to move."""
-    ws = self.workers[worker_id]
+    ws = self._table[worker_id]
     ids = list(ws.assigned) if request_ids is None else [int(i) for i in request_ids]
     n = 0
     for rid in ids:
-      st = self.requests.get(rid)
+      st = self._reqs.get(rid)
       if st is None or st.done or st.owner != worker_id or st.moving:
         continue
       st.moving, st.target = True, target
       if target is not None:
         self._moves[rid] = (worker_id, target)
-      self.abort_on_owner(st)
+      self._abort_on_owner(st, now)
       n += 1
     return n
 
-  def set_accepting(self, worker_id: str, accepting: bool) -> None:
-    """Enables / disables dispatch to a worker (e.g. the trainer's seeding engines)."""
-    self.workers[worker_id].disabled = not accepting
-
-  def has_hooks(self) -> bool:
-    """Whether a tick hook (e.g. a fleet that starts workers) is installed."""
-    return bool(self._hooks)
-
-  def add_tick_hook(self, hook: TickHook) -> None:
-    """`hook(manager, now)` runs at every tick (trace players, autoscalers, controllers)."""
-    self._hooks.append(hook)
-
-  def metrics(self) -> dict:
-    """Cumulative counters (`ManagerStats`) plus gauges: live workers, version lag (newest
-    published version minus the oldest one a live worker serves), weight pulls."""
-    out = self.stats.counters()
-    versions = [ws.version for ws in self.workers.values() if ws.version >= 0]
-    pulls = self.stats.pull_seconds
-    out.update(live_workers=len(self.workers), pulls=len(pulls), pull_seconds=float(sum(pulls)),
-               version_lag=(self.latest - min(versions)) if versions and self.latest >= 0 else 0)
-    return out
-
-  def remote_worker_seconds(self) -> float:
-    """The integral over time of the number of remote workers, up to now."""
-    now = self.clock.now()
-    remote = sum(1 for ws in self.workers.values() if not ws.worker.local)
-    self._remote_seconds += remote * max(now - self._last_tick, 0.0)
-    self._last_tick = now
-    return self._remote_seconds
-
-  def worker_times(self) -> dict[str, tuple[float, float, bool]]:
-    """Per worker ever seen: `(busy seconds so far, time of its last finished response,
-    local)`; busy = holding at least one request (the offload controller's t_remote and
-    t_wait_remote come from differences of these over a step)."""
-    now = self.clock.now()
-    out = dict(self.busy_of_gone)
-    for wid, ws in self.workers.items():
-      out[wid] = (ws.busy_now(now), ws.last_done, ws.worker.local)
-    return out
-
-  def describe(self) -> str:
-    """A one-paragraph account of the rollout state (for stall errors)."""
-    ws = ", ".join(f"{w.worker_id}: v{w.version} holds {len(w.assigned)}"
-                   f"{' (retiring)' if w.retiring else ''}" for w in self.workers.values())
-    gated = sorted({self.requests[r].request.min_version for r in self.queue})
-    return (f"{len(self.workers)} live workers [{ws}]; {len(self.queue)} requests queued "
-            f"(min_version {gated}); newest weight version {self.latest}; last events: "
-            f"{self.events[-5:]}")
-
-  def snapshot(self) -> list[Request]:
-    """Copies of every unfinished request's token state (id order), without stopping anything:
-    a checkpoint of the in-flight rollout; resubmitting them resumes exactly."""
-    return [dataclasses.replace(st.request) for rid, st in sorted(self.requests.items())
-            if not st.done]
-
-  def provenance(self, request_id: int) -> list[tuple[str, int, int]]:
-    """`(worker_id, start, end)` token ranges of a request, in the order they were produced."""
-    return list(self._provenance.get(request_id, ()))
-
-  def on_report(self, rep: WorkerReport) -> bool:
-    """Applies one worker report; returns True when it carried news. Reports of unknown
-    (lost) workers are ignored."""
-    ws = self.workers.get(rep.worker_id)
+  def on_report(self, rep: WorkerReport, now: float) -> bool:
+    """Applies one worker report (its exchange is over); returns True when it carried news.
+    Reports of unknown (lost) workers are ignored."""
+    ws = self._table.get(rep.worker_id)
     if ws is None:
-      self.stats.ignored_reports += 1
+      self._ledger.stats.ignored_reports += 1
       return False
-    now = self.clock.now()
+    ws.outstanding = False
     if rep.fatal:
       for c in rep.chunks:  # tokens produced before the failure are kept
-        self._on_chunk(ws, c)
-      self.on_lost(rep.worker_id, f"worker failed: {rep.fatal}", failure=True)
+        self._reqs.on_chunk(ws, c, now)
+      self.on_lost(rep.worker_id, f"worker failed: {rep.fatal}", now, failure=True)
       return True
-    first = ws.version < 0 and rep.version >= 0
-    ws.observe(rep, now, self.config.profile_window)
-    if first:
-      self.events.append((now, "ready", rep.worker_id, str(rep.version)))
-    if first or rep.pulls or rep.chunks:
-      self.last_progress = now
-    for version, seconds in rep.pulls:
-      ws.failed_pulls = 0
-      self._pull_failures.pop(int(version), None)
-      self.stats.pull_seconds.append(seconds)
-      self.events.append((now, "pulled", rep.worker_id, f"v{version} in {seconds:.3f}s"))
-    for version, message in rep.failed_pulls:
-      self._pull_failed(ws, int(version), message)
+    first = self._table.observe(ws, rep, now)
+    if first or rep.loads or rep.chunks:
+      self._last_progress = now
     for rid, message in rep.rejected:
-      st = self.requests.get(rid)
+      st = self._reqs.get(rid)
       if st is not None and st.owner == rep.worker_id:
-        ws.release(rid, self.clock.now())
-        self._failed.append(RequestFailedError(
+        ws.release(rid, now)
+        self._ledger.failures.append(RequestFailedError(
             f"request {rid} was rejected by worker {rep.worker_id}: {message}"))
     for c in rep.chunks:
-      self._on_chunk(ws, c)
-    if first or rep.pulls:
-      self._update_gc()
-    return bool(rep.chunks or rep.pulls or rep.rejected or first)
+      self._reqs.on_chunk(ws, c, now)
+    if first or rep.loads:
+      self._table.update_gc()
+    return bool(rep.chunks or rep.loads or rep.rejected or first)
 
-  def _pull_failed(self, ws: WorkerState, version: int, message: str) -> None:
-    """A worker could not load `version` (it keeps serving its previous one). Pulls are retried
-    until `max_pull_failures` failed over all workers; then, while `version` is still the
-    newest, the next `poll` raises `WeightPullError` naming the version, the store and why."""
-    ws.failed_pulls += 1
-    self.events.append((self.clock.now(), "pull_failed", ws.worker_id, f"v{version}: {message}"))
-    ws.pull_sent = min(ws.pull_sent, ws.version)  # pull again at the next tick
-    fails = self._pull_failures.setdefault(version, [])
-    fails.append((ws.worker_id, message))
-    if len(fails) == self.config.max_pull_failures + 1 and version == self.latest:
-      serving = sorted({w.version for w in self.workers.values() if w.version >= 0})
-      self._failed.append(WeightPullError(
-          f"weight version {version} could not be loaded from the weight store "
-          f"{describe_store(self.store)}: {len(fails)} pulls failed (workers "
-          f"{sorted({w for w, _ in fails})}); last error: {message}. The workers keep serving "
-          f"version(s) {serving or 'none'}, but the requests waiting for version {version} "
-          "cannot run. Check the store's files (a corrupt, truncated or deleted version) and "
-          "resume from the last checkpoint (--resume)"))
+  def begin_tick(self, now: float) -> None:
+    """A tick starts at `now` (before the tick hooks run): the remote-worker integral advances
+    with the fleet as it was."""
+    self._table.remote_worker_seconds(now)
 
-  def tick(self) -> bool:
-    """Hooks, heartbeats, weight pulls, dispatch and load balancing at the clock's time."""
-    now = self.clock.now()
-    self.remote_worker_seconds()
-    for hook in self._hooks:
-      hook(self, now)
+  def tick(self, now: float) -> bool:
+    """Heartbeats, weight loads, dispatch and load balancing at `now`; returns whether
+    something changed."""
     changed = False
-    for ws in list(self.workers.values()):
-      limit = self.config.heartbeat_timeout if ws.version >= 0 else self.config.startup_timeout
+    for ws in self._table.states():
+      limit = self._config.heartbeat_timeout if ws.version >= 0 else self._config.startup_timeout
       if ws.outstanding and now - ws.sent_at > limit:
-        self.on_lost(ws.worker_id, f"no report within {limit:.0f} s")
+        self.on_lost(ws.worker_id, f"no report within {limit:.0f} s", now)
         changed = True
         continue
-      if ws.pull_sent > ws.version and now - ws.pull_sent_at > self.config.pull_timeout:
-        self._pull_failed(ws, ws.pull_sent, f"not loaded within {self.config.pull_timeout:.0f} s "
-                          "(ManagerConfig.pull_timeout)")
-        changed = True
-      elif ws.retiring and not ws.assigned and not ws.outstanding:
-        self.workers.pop(ws.worker_id)
-        self.busy_of_gone[ws.worker_id] = (ws.busy_total, ws.last_done, ws.worker.local)
-        self.events.append((now, "retired", ws.worker_id, ""))
-        self._update_gc()
-        changed = True
-    self._send_pulls()
-    changed |= self._dispatch()
-    if self.config.balance:
-      changed |= self._balance()
+      changed |= self._table.tend(ws, now)
+    self._table.send_loads(now)
+    changed |= self._dispatch(now)
+    if self._config.balance:
+      changed |= self._balance(now)
     return changed
 
-  def _on_chunk(self, ws: WorkerState, c: TokenChunk) -> None:
-    st = self.requests.get(c.request_id)
-    wid = ws.worker.worker_id
-    if st is None or st.done or st.owner != wid:
-      self.stats.ignored_chunks += 1
-      return
-    if c.finish == FinishReason.ABORTED:
-      if st.moving or st.aborting:
-        ws.release(c.request_id, self.clock.now())
-        self._acknowledged(st)
+  # ----- aborts ----------------------------------------------------------------------------------
+  def begin_abort(self, request_ids: Iterable[int] | None,
+                  now: float) -> tuple[list[int], list[Request]]:
+    """Starts stopping requests (all unfinished when None; unknown and finished ids are
+    ignored): queued ones are dropped at once, the others are aborted on their owners. Returns
+    `(ids asked for, requests dropped)`; `end_abort` once `abort_waiting` is False."""
+    want, dropped = self._reqs.unfinished(request_ids), []
+    queued = set(self._reqs.queue)
+    for rid in want:
+      if rid in queued:
+        dropped.append(self._reqs.drop(rid))
       else:
-        self.stats.ignored_chunks += 1
-      return
-    if c.start != st.request.num_generated:
-      self.stats.ignored_chunks += 1
-      return
-    n = len(c.tokens)
-    if n:
-      st.request.extend(c.tokens, c.logprobs, c.version)
-      prov = self._provenance[c.request_id]
-      if prov and prov[-1][0] == wid and prov[-1][2] == c.start:
-        prov[-1] = (wid, prov[-1][1], c.start + n)
-      else:
-        prov.append((wid, c.start, c.start + n))
-      self.stats.tokens += n
-      if ws.worker.local:
-        self.stats.tokens_local += n
-    if c.finish is not None:
-      ws.last_done = self.clock.now()
-      ws.release(c.request_id, self.clock.now())
-      self._complete(st, c.finish)
+        st = self._reqs[rid]
+        st.aborting = True
+        self._abort_on_owner(st, now)
+    return want, dropped
 
-  def _complete(self, st: ReqState, finish: FinishReason) -> None:
-    st.done, st.owner, st.moving = True, None, False
-    self._open -= 1
-    self._done.append(Completion(st.request, finish))
-    self.stats.completed += 1
+  def abort_waiting(self, want: Sequence[int]) -> bool:
+    """Some request of `want` being aborted still has an owner to acknowledge it."""
+    return self._reqs.abort_waiting(want)
 
-  def drop(self, rid: int) -> Request:
-    """Forgets request `rid` (returned by abort) and returns its token state."""
-    st = self.requests.pop(rid)
-    if not st.done:
-      self._open -= 1
-    if rid in self.queue:
-      self.queue.remove(rid)
-    return st.request
+  def abort_owners(self, want: Sequence[int]) -> list[str]:
+    """The owners of `want`'s requests (sorted, as text), for a missing acknowledgement."""
+    return self._reqs.abort_owners(want)
 
-  def abort_on_owner(self, st: ReqState) -> None:
+  def end_abort(self, want: Sequence[int], dropped: Sequence[Request]) -> list[Request]:
+    """Drops the aborted requests of `want`; returns them with `dropped`, in id order."""
+    return self._reqs.end_abort(want, dropped)
+
+  def _abort_on_owner(self, st: ReqState, now: float) -> None:
     """Asks the owner to stop `st`; a submit still unsent is simply withdrawn."""
     rid = st.request.request_id
-    ws = self.workers.get(st.owner) if st.owner is not None else None
+    ws = self._table.get(st.owner) if st.owner is not None else None
     if ws is not None and not ws.unsend(rid):
       ws.commands.abort.append(rid)
       return
     if ws is not None:
-      ws.release(rid, self.clock.now())
-    self._acknowledged(st)
+      ws.release(rid, now)
+    self._reqs.acknowledged(st)
 
-  def _acknowledged(self, st: ReqState) -> None:
-    """The owner let go of `st` (abort acknowledged): abort() collects it, a move re-queues it."""
-    st.owner = None
-    if st.moving and not st.aborting:
-      st.moving = False
-      self.queue.appendleft(st.request.request_id)
-      self.stats.balanced += 1
-
-  def loads(self) -> list[balance.WorkerLoad]:
-    """The routing view of every worker (join order)."""
-    out = []
-    for wid, ws in self.workers.items():
-      running = len(ws.running.intersection(ws.assigned))
-      out.append(balance.WorkerLoad(
-          wid, ws.version, running, len(ws.assigned) - running, ws.num_slots, ws.accepting(),
-          self.config.plateau_batch or ws.plateau(self.config.plateau_frac)))
-    return out
-
-  def _send_pulls(self) -> None:
-    if self.latest < 0:
-      return
-    for ws in self.workers.values():
-      if max(ws.version, ws.pull_sent) < self.latest:
-        ref = self.store.ref(self.latest)
-        if ref is None:
-          getattr(self.store, "check", lambda: None)()  # a failed write raises, never stalls
-          return  # not committed yet
-        ws.commands.load, ws.pull_sent, ws.pull_sent_at = ref, self.latest, self.clock.now()
-
-  def _update_gc(self) -> None:
-    in_use = frozenset(v for ws in self.workers.values() for v in (ws.version, ws.pull_sent)
-                       if v >= 0)
-    if in_use != self._in_use:
-      self._in_use = in_use
-      self.store.gc(in_use)
-
-  def _dispatch(self) -> bool:
-    if not self.queue:
+  # ----- routing ---------------------------------------------------------------------------------
+  def _dispatch(self, now: float) -> bool:
+    queue = self._reqs.queue
+    if not queue:
       return False
-    loads = {w.worker_id: w for w in self.loads()}
-    theta, left, sent = self.config.theta, collections.deque(), False
-    while self.queue:
+    loads = {w.worker_id: w for w in self._table.loads()}
+    theta, left, sent = self._config.theta, collections.deque(), False
+    while queue:
       if not any(w.accepting and w.room(theta) > 0 for w in loads.values()):
-        left.extend(self.queue)
+        left.extend(queue)
         break
-      rid = self.queue.popleft()
-      st = self.requests[rid]
+      rid = queue.popleft()
+      st = self._reqs[rid]
       wid = balance.select_worker(list(loads.values()), st.request.min_version, theta, st.target)
       if wid is None:
         left.append(rid)
         continue
-      ws = self.workers[wid]
+      ws = self._table[wid]
       ws.commands.submit.append(dataclasses.replace(st.request))
-      ws.assign(rid, self.clock.now())
+      ws.assign(rid, now)
       st.owner, st.target = wid, None
       loads[wid] = dataclasses.replace(loads[wid], pending=loads[wid].pending + 1)
       sent = True
-    self.queue = left
+    self._reqs.queue = left
     return sent
 
   def _settled_loads(self) -> list[balance.WorkerLoad]:
-    """The routing view with the balancer's moves in flight settled: a request being moved
-    counts at its target (pending), no longer at its donor. The balancer runs at every tick, long
-    before a donor acknowledges an abort; without this it would move again what is on its way."""
-    loads = self.loads()
-    gone: collections.Counter = collections.Counter()
-    gone_running: collections.Counter = collections.Counter()
-    coming: collections.Counter = collections.Counter()
+    """The routing view with the balancer's moves in flight settled (`balance.settle`); moves
+    whose request finished, stopped moving or lost its donor are forgotten."""
+    moves = []
     for rid, (donor, target) in list(self._moves.items()):
-      st = self.requests.get(rid)
-      if st is None or not st.moving or st.owner != donor or donor not in self.workers:
+      st = self._reqs.get(rid)
+      if st is None or not st.moving or st.owner != donor or donor not in self._table:
         del self._moves[rid]
         continue
-      running = rid in self.workers[donor].running
-      gone[donor] += not running
-      gone_running[donor] += running
-      coming[target] += 1
-    if not coming:
-      return loads
-    return [dataclasses.replace(w, running=w.running - gone_running[w.worker_id],
-                                pending=w.pending - gone[w.worker_id] + coming[w.worker_id])
-            for w in loads]
+      moves.append((donor, target, rid in self._table[donor].running))
+    return balance.settle(self._table.loads(), moves)
 
-  def _balance(self) -> bool:
-    if self.queue:
+  def _balance(self, now: float) -> bool:
+    if self._reqs.queue:
       return False  # the queue feeds idle workers first
     loads = self._settled_loads()
+    reqs, events = self._reqs, self._ledger.events
     moved = False
     for donor, receiver, n in balance.pending_moves(loads):
-      ws, version = self.workers[donor], self.workers[receiver].version
+      ws, version = self._table[donor], self._table[receiver].version
       unsent = {r.request_id for r in ws.commands.submit}  # not waiting there yet: in transit
-      pending = [r for r in ws.assigned if r not in ws.running and not self.requests[r].moving
-                 and r not in unsent and self.requests[r].request.min_version <= version]
-      k = self.evacuate(donor, pending[-n:], target=receiver)
+      pending = [r for r in ws.assigned if r not in ws.running and not reqs[r].moving
+                 and r not in unsent and reqs[r].request.min_version <= version]
+      k = self.evacuate(donor, pending[-n:], receiver, now)
       if k:
-        self.events.append((self.clock.now(), "move", donor, f"{k} pending to {receiver}"))
+        events.append((now, "move", donor, f"{k} pending to {receiver}"))
       moved |= k > 0
     if moved:
       return True
-    move = balance.running_moves(loads, self.config.theta)
-    if move is None and self.config.tail_balance:
-      move = balance.tail_moves(loads, self.config.theta)
+    move = balance.running_moves(loads, self._config.theta)
+    if move is None and self._config.tail_balance:
+      move = balance.tail_moves(loads, self._config.theta)
     if move is None:
       return False
     donor, receiver, n = move
-    ws, rv = self.workers[donor], self.workers[receiver]
-    cands = sorted((r for r in ws.assigned if r in ws.running and not self.requests[r].moving
-                    and self.requests[r].request.min_version <= rv.version),
-                   key=lambda r: (self.requests[r].request.num_generated, r))
-    k = self.evacuate(donor, cands[:n], target=receiver)
+    ws, rv = self._table[donor], self._table[receiver]
+    cands = sorted((r for r in ws.assigned if r in ws.running and not reqs[r].moving
+                    and reqs[r].request.min_version <= rv.version),
+                   key=lambda r: (reqs[r].request.num_generated, r))
+    k = self.evacuate(donor, cands[:n], receiver, now)
     if k:
-      self.events.append((self.clock.now(), "move", donor, f"{k} running to {receiver}"))
+      events.append((now, "move", donor, f"{k} running to {receiver}"))
     return k > 0

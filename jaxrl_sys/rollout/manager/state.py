@@ -2,18 +2,23 @@
 
 `ReqState` is one request's manager-side state (the token state itself is its `Request`);
 `WorkerState` is the manager's view of one worker, updated from its reports; `ManagerStats`
-are cumulative counters (the loop reports their per-step differences).
+are cumulative counters (the loop reports their per-step differences); `Ledger` holds what the
+core and its worker table write for others to read (counters, events, provenance, errors for
+the next `poll`, effects for the exchange loop); `Kill`, `Release`, `Publish` and
+`CollectGarbage` are the effects the exchange loop carries out. All of it is private to
+`manager/`: outside it, `view.FleetView` reads it.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Union
 
 import numpy as np
 
 from jaxrl_sys.rollout.manager import balance
 from jaxrl_sys.rollout.types import Request
-from jaxrl_sys.rollout.workers.protocol import Commands, Worker, WorkerReport
+from jaxrl_sys.rollout.workers.protocol import Commands, WorkerReport
 
 
 @dataclasses.dataclass
@@ -22,7 +27,7 @@ class ManagerStats:
   tokens those requests carried (decode work not redone), `tokens_discarded` those an ablation
   threw away; `balanced`: requests moved between
   live workers by the balancer or an evacuation; `tokens_local`: tokens from workers on the
-  trainer's devices; `pull_seconds`: each completed weight pull."""
+  trainer's devices; `load_seconds`: each completed weight load."""
   submitted: int = 0
   completed: int = 0
   aborted: int = 0
@@ -36,7 +41,7 @@ class ManagerStats:
   lost: int = 0
   ignored_chunks: int = 0
   ignored_reports: int = 0
-  pull_seconds: list = dataclasses.field(default_factory=list)
+  load_seconds: list = dataclasses.field(default_factory=list)
 
   def counters(self) -> dict[str, int]:
     return {k: v for k, v in dataclasses.asdict(self).items() if isinstance(v, int)}
@@ -69,15 +74,17 @@ class ReqState:
 
 
 class WorkerState:
-  """The manager's view of one worker, updated from its reports."""
+  """The manager's view of one worker, updated from its reports (the worker's handle stays with
+  the exchange loop: the state machine never calls a worker)."""
 
-  def __init__(self, worker: Worker, joined_at: float):
-    self.worker = worker
+  def __init__(self, worker_id: str, joined_at: float, *, local: bool, synchronous: bool):
+    self.worker_id = worker_id
+    self.local, self.synchronous = bool(local), bool(synchronous)
     self.joined_at = joined_at
     self.version = -1          # serving
-    self.loading = -1          # being pulled (worker's view)
-    self.pull_sent = -1        # newest version it was told to pull
-    self.pull_sent_at = joined_at
+    self.loading = -1          # being loaded (worker's view)
+    self.load_sent = -1        # newest version it was told to load
+    self.load_sent_at = joined_at
     self.num_slots = 0
     self.running: set[int] = set()
     self.waiting: list[int] = []
@@ -87,7 +94,7 @@ class WorkerState:
     self.sent_at = joined_at
     self.last_heard = joined_at
     self.pid = 0
-    self.failed_pulls = 0
+    self.failed_loads = 0
     self.busy_since: float | None = None
     self.busy_total = 0.0
     self.last_done = joined_at
@@ -96,10 +103,6 @@ class WorkerState:
     self._profile: collections.deque = collections.deque()
     self._plateau: int | None = None
     self._plateau_dirty = False
-
-  @property
-  def worker_id(self) -> str:
-    return self.worker.worker_id
 
   def accepting(self) -> bool:
     return self.version >= 0 and not self.retiring and not self.disabled
@@ -157,3 +160,48 @@ class WorkerState:
       self._plateau = balance.plateau_batch(self.profile_array(), frac)
       self._plateau_dirty = False
     return self._plateau
+
+
+@dataclasses.dataclass(frozen=True)
+class Kill:
+  """Effect: stop worker `worker_id` now (lost, removed or silent: no zombie) and forget it."""
+  worker_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+  """Effect: forget worker `worker_id`'s handle (retired gracefully: nothing to stop)."""
+  worker_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Publish:
+  """Effect: write the weights being published to the store as `version`."""
+  version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectGarbage:
+  """Effect: `store.gc(in_use)`, the versions live workers serve or load."""
+  in_use: frozenset
+
+
+Effect = Union[Kill, Release, Publish, CollectGarbage]
+
+
+@dataclasses.dataclass
+class Ledger:
+  """What the core and its worker table write for others to read.
+
+  Attributes:
+    stats: cumulative counters.
+    events: `(time, kind, worker, detail)` log of joins, losses, loads, moves.
+    provenance: request id -> `(worker_id, start, end)` token ranges, in production order.
+    failures: errors the next `poll` raises (the first one).
+    effects: what the exchange loop must carry out, in order.
+  """
+  stats: ManagerStats = dataclasses.field(default_factory=ManagerStats)
+  events: list = dataclasses.field(default_factory=list)
+  provenance: dict = dataclasses.field(default_factory=dict)
+  failures: list = dataclasses.field(default_factory=list)
+  effects: list = dataclasses.field(default_factory=list)

@@ -76,8 +76,8 @@ class RolloutSetup:
 
   def __post_init__(self):
     for name, low, strict in (("worker_token_delay", 0, False), ("chaos_kill_every", 0, False),
-                              ("chaos_restart_after", 0, False), ("trace_time_scale", 0, True),
-                              ("worker_cpus", 0, False), ("worker_gpus", 0, False),
+                              ("chaos_restart_after", 0, False), ("worker_cpus", 0, False),
+                              ("worker_gpus", 0, False),
                               ("heartbeat_timeout", 0, True), ("startup_timeout", 0, True)):
       value = getattr(self, name)
       if not (isinstance(value, (int, float)) and math.isfinite(value)
@@ -99,6 +99,9 @@ class RolloutSetup:
       raise ValueError("use either rollout.preempt_trace or rollout.chaos_kill_every, not both")
     if self.preempt_trace and not os.path.isfile(self.preempt_trace):
       raise ValueError(f"rollout.preempt_trace={self.preempt_trace}: no such file")
+    if not (math.isfinite(self.trace_time_scale) and self.trace_time_scale > 0):
+      raise ValueError(f"rollout.trace_time_scale must be a finite number > 0, got "
+                       f"{self.trace_time_scale}")
     if self.preempt_trace:  # parsed and checked here, before Ray or any worker starts
       try:
         trace = load_trace(self.preempt_trace)

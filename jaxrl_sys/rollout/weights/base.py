@@ -1,13 +1,17 @@
-"""Pull-based weight store: the trainer publishes version v once and goes on; each worker pulls
+"""Pull-based weight store: the trainer publishes version v once and goes on; each worker loads
 the version it is told about (or the newest) itself, without blocking the trainer or the other
 workers.
 
 Two roles:
-- the trainer side, a `WeightStore`: `publish(version, params, moe_state)` returns at once
-  (slow backends write in the background); `ref(version)` gives a `WeightRef` once the version is
-  committed; `gc(in_use)` drops versions no worker uses any more;
+- the trainer side, a `WeightStore`: `publish(params, version, moe_state)` returns at once
+  (slow backends write in the background); `published(version)` gives a `WeightRef` once the
+  version is committed; `gc(in_use)` drops versions no worker uses any more;
 - the worker side, a `WeightRef`: small plain data that crosses processes inside
-  `worker.Commands.load`; `ref.fetch()` pulls `(params, moe_state)` and verifies them.
+  `worker.Commands.load`; `ref.load()` reads `(params, moe_state)` and verifies them.
+
+One verb pair end to end: the trainer *publishes* a version (`RolloutClient.publish` ->
+`WeightStore.publish`), a worker *loads* it (`Commands.load` -> `WorkerServer.load` ->
+`WeightRef.load` -> `Engine.load`).
 
 Backends (looked up by name in `weights.factory.make_weight_store`):
 - `weights.memory.MemoryWeightStore`: the embedded default; the trainer's device arrays
@@ -18,7 +22,7 @@ Backends (looked up by name in `weights.factory.make_weight_store`):
 - `weights.ray.RayWeightStore`: the Ray object store (objects die with the trainer).
 
 Integrity: every array carries one zlib crc32 per `weights.io.CHUNK_BYTES` slice, computed once
-at publish and checked by every `fetch` (chunks are read and checked in parallel threads); a
+at publish and checked by every `load` (chunks are read and checked in parallel threads); a
 corrupt, truncated, missing or half-deleted version raises `CorruptWeightsError` and is never
 returned.
 
@@ -58,18 +62,20 @@ class WeightRef(Protocol):
   version: int
   nbytes: int
 
-  def fetch(self) -> tuple[Any, Any]:
-    """Pulls `(params, moe_state)` (host or device arrays); raises `CorruptWeightsError`."""
+  def load(self) -> tuple[Any, Any]:
+    """Reads `(params, moe_state)` (host or device arrays); raises `CorruptWeightsError`."""
 
 
 class WeightStore(Protocol):
   """The trainer's side of the store."""
 
-  def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
-    """Makes `version` available; returns without waiting for slow writes."""
+  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
+    """Makes `version` available (the argument order of `RolloutClient.publish`); returns
+    without waiting for slow writes."""
 
-  def ref(self, version: int | None = None) -> WeightRef | None:
-    """The reference of committed `version` (default: the newest), or None if not committed."""
+  def published(self, version: int | None = None) -> WeightRef | None:
+    """The reference workers load committed `version` from (default: the newest), or None
+    while it is not committed."""
 
   def latest(self) -> int | None:
     """The newest committed version (None before the first commit)."""
@@ -94,7 +100,7 @@ class VersionTable:
     self._refs: dict[int, Any] = {}
     self._lock = threading.Lock()
 
-  def ref(self, version: int | None = None):
+  def published(self, version: int | None = None):
     with self._lock:
       if version is None:
         version = max(self._refs) if self._refs else None

@@ -13,13 +13,13 @@ def _nbytes(tree) -> int:
 
 
 class MemoryWeightRef:
-  """A version held in this process's memory: `fetch` returns the arrays themselves."""
+  """A version held in this process's memory: `load` returns the arrays themselves."""
 
   def __init__(self, version: int, params: Any, moe_state: Any):
     self.version, self._tree = int(version), (params, moe_state)
     self.nbytes = _nbytes(self._tree)
 
-  def fetch(self) -> tuple[Any, Any]:
+  def load(self) -> tuple[Any, Any]:
     return self._tree
 
   def __reduce__(self):
@@ -31,5 +31,5 @@ class MemoryWeightStore(VersionTable):
   """Versions kept as the published pytrees (zero copy). The arrays must not be donated or
   mutated after `publish` (the train step donates everything but the parameters)."""
 
-  def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
+  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
     self.commit(version, MemoryWeightRef(version, params, moe_state))

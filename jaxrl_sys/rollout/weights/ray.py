@@ -4,7 +4,7 @@
 The trainer process `ray.put`s each version once (a background thread, after a synchronous host
 copy); a `RayWeightRef` carries the `ObjectRef` as a field of a plain object, so when the ref
 travels inside an actor call (`worker.Commands.load`) Ray passes it on as a borrowed reference
-instead of resolving it, and the actor pulls the arrays itself with `fetch()` (zero copy from
+instead of resolving it, and the actor loads the arrays itself with `load()` (zero copy from
 the node's shared memory, then every chunk's crc32 is checked against the checksums computed at
 publish). Objects are owned by the trainer: they die with it, and live while the store or a
 borrowing worker still holds their ref; `gc` drops the store's refs of versions no worker uses.
@@ -53,7 +53,7 @@ class RayWeightRef:
   crc32: tuple[tuple[int, ...], ...]
   paths: tuple[str, ...]
 
-  def fetch(self) -> tuple[Any, Any]:
+  def load(self) -> tuple[Any, Any]:
     """`(params, moe_state)` as read-only numpy arrays in shared memory (zero copy on the same
     node), every chunk's crc32 verified.
 
@@ -94,7 +94,7 @@ class RayWeightStore(BackgroundStore):
     super().__init__()
     self._bg = BackgroundPublisher("ray", max_pending)
 
-  def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
+  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
     leaves, treedef = host_leaves(params, moe_state)
     self._bg.submit(int(version), lambda: self._put(int(version), leaves, treedef))
 

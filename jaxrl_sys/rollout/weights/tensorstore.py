@@ -126,7 +126,7 @@ class TensorstoreWeightRef:
   nbytes: int
   manifest_crc32: int
 
-  def fetch(self) -> tuple[Any, Any]:
+  def load(self) -> tuple[Any, Any]:
     """Reads and verifies `(params, moe_state)` as host numpy arrays (bfloat16 via ml_dtypes).
 
     Raises:
@@ -234,9 +234,9 @@ def open_latest(path_or_url: str | os.PathLike) -> TensorstoreWeightRef | None:
 class TensorstoreWeightStore(BackgroundStore):
   """Versions written under a directory or tensorstore kvstore URL (see the module docstring).
 
-  `publish` takes a host copy synchronously and writes in the background; `ref(v)` is None until
-  v's `LATEST` pointer is written. Opening an existing root resumes it: committed versions are
-  listed, and half-written ones (a crashed publish) are deleted by the next `gc`.
+  `publish` takes a host copy synchronously and writes in the background; `published(v)` is
+  None until v's `LATEST` pointer is written. Opening an existing root resumes it: committed
+  versions are listed, and half-written ones (a crashed publish) are deleted by the next `gc`.
 
   Args:
     path_or_url: a local directory, or a kvstore URL (`file:///d/`, `gs://bucket/run/`, ...).
@@ -265,7 +265,7 @@ class TensorstoreWeightStore(BackgroundStore):
     # earlier opening committed (a run resumed from an earlier checkpoint): see `publish`.
     self._earlier_top = top
 
-  def publish(self, version: int, params: Any, moe_state: Any = None) -> None:
+  def publish(self, params: Any, version: int, moe_state: Any = None) -> None:
     """Publishes `version` (see `WeightStore.publish`). The first publish after opening an
     existing root may name a version at or below the newest one committed before (a run
     resumed from an earlier step): the versions from that one on belong to a future that did
@@ -351,7 +351,7 @@ class TensorstoreWeightStore(BackgroundStore):
     with self._lock:
       self._orphans.add(v)  # the next gc tries again
 
-  def ref(self, version: int | None = None) -> TensorstoreWeightRef | None:
+  def published(self, version: int | None = None) -> TensorstoreWeightRef | None:
     with self._lock:
       if version is None:
         version = max(self._refs) if self._refs else None

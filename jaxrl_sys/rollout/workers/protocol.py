@@ -2,14 +2,14 @@
 
 The manager talks to every worker the same way, whatever runs behind it (an engine in this
 process, a Ray actor on another machine, a simulated instance on a virtual clock): one
-*exchange* at a time. `send(Commands)` starts an exchange (abort these requests, pull this
+*exchange* at a time. `send(Commands)` starts an exchange (abort these requests, load this
 weight version, start these requests); `receive()` returns its `WorkerReport` once ready (the
 tokens streamed since the previous report, the weight version serving, which requests run, a
 throughput profile), or raises `WorkerLost`. Commands wait for the next exchange, so there is
 never more than one call in flight per worker, and reports arrive in order.
 
 Records are plain data (numpy arrays, ints, strings); weights never travel inside a request:
-a `Commands.load` names a version in the weight store (`rollout.weights`) and the worker pulls
+a `Commands.load` names a version in the weight store (`rollout.weights`) and the worker loads
 it itself. This module imports numpy only: the manager and the simulator use it without JAX.
 """
 from __future__ import annotations
@@ -34,8 +34,8 @@ class Commands:
   Attributes:
     abort: request ids to stop. Each is acknowledged by a `TokenChunk` with
       `finish=ABORTED` and no tokens, after every chunk of tokens it produced.
-    load: a weight reference (`rollout.weights.WeightRef`) to pull and swap in; running
-      requests then continue on the new weights (their KV recomputed when the engine is
+    load: a weight reference (`rollout.weights.WeightRef`) to load and serve from then on;
+      running requests continue on the new weights (their KV recomputed when the engine is
       configured with `recompute_kv_on_swap`).
     submit: requests to start or resume (prompt + tokens so far, remaining budget).
     shutdown: stop after this exchange.
@@ -59,13 +59,13 @@ class WorkerReport:
     chunks: tokens streamed since the previous report, in generation order; `finish` set on a
       request's last chunk (STOP / LENGTH / CONTEXT), ABORTED acknowledges an abort.
     version: weight version serving now (-1: none loaded yet).
-    loading: version being pulled, or -1.
+    loading: version being loaded, or -1.
     running / waiting: request ids in decode slots / accepted but not started.
     num_slots: the engine's decode slots.
     profile: `[n, 3]` float64 rows `(live requests, tokens produced, seconds)`, one per decode
       call since the previous report (the throughput-vs-batch profile).
-    pulls: `(version, seconds)` of weight pulls completed since the previous report.
-    failed_pulls: `(version, message)` of pulls that failed (e.g. a checksum mismatch); the
+    loads: `(version, seconds)` of weight loads completed since the previous report.
+    failed_loads: `(version, message)` of loads that failed (e.g. a checksum mismatch); the
       worker keeps serving its previous version.
     rejected: `(request_id, message)` of requests the worker refused (a bad request).
     pid: the worker's process id.
@@ -81,8 +81,8 @@ class WorkerReport:
   waiting: list[int]
   num_slots: int
   profile: np.ndarray
-  pulls: list[tuple[int, float]] = dataclasses.field(default_factory=list)
-  failed_pulls: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+  loads: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+  failed_loads: list[tuple[int, str]] = dataclasses.field(default_factory=list)
   rejected: list[tuple[int, str]] = dataclasses.field(default_factory=list)
   pid: int = 0
   fatal: str | None = None

@@ -1,13 +1,13 @@
 """Rollout workers as Ray actors (the only module that imports Ray for workers; `pip install -e
 .[ray]`).
 
-An actor builds an `Engine` on its own device(s) once it has pulled weights, serves requests and
+An actor builds an `Engine` on its own device(s) once it has loaded weights, serves requests and
 streams `TokenChunk`s, and may die at any moment (SIGKILL, node preemption). Inside the actor a
 generation thread runs the same `WorkerServer` as the in-process worker, back to back; the
 manager's `exchange` call only drops commands into an inbox and returns what was produced since
 the previous call (waiting up to `max_wait` seconds for news), so a heartbeat is answered even
-while the engine compiles or a weight pull runs. Weight pulls run on a third thread and are
-swapped in between engine steps.
+while the engine compiles or a weight load runs. Weight loads run on a third thread and are
+served from the next engine step on.
 
 Manager side, `RayWorker` implements `rollout.workers.Worker`: one `exchange` call in flight;
 `ActorDiedError` / `ActorUnavailableError` / `ObjectLostError` become `WorkerLost`. Generation
@@ -107,6 +107,10 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None,
       raise RayUnavailableError(f"could not start a local Ray: {e}") from None
     kw.pop("include_dashboard")
   else:
+    # "local": always a new instance of our own. Without it Ray joins whatever cluster
+    # /tmp/ray/ray_current_cluster names (another job's `ray start`, or a stale file left by a
+    # killed one) and then refuses `num_cpus`.
+    kw["address"] = "local"
     kw["num_cpus"], kw["object_store_memory"] = cpus, memory
   try:
     ray.init(**kw)
@@ -132,8 +136,8 @@ def _merge(into: WorkerReport | None, rep: WorkerReport) -> WorkerReport:
     return rep
   rep.chunks = into.chunks + rep.chunks
   rep.profile = np.concatenate([into.profile, rep.profile])
-  rep.pulls = into.pulls + rep.pulls
-  rep.failed_pulls = into.failed_pulls + rep.failed_pulls
+  rep.loads = into.loads + rep.loads
+  rep.failed_loads = into.failed_loads + rep.failed_loads
   rep.rejected = into.rejected + rep.rejected
   return rep
 
@@ -152,7 +156,7 @@ class WorkerActor:
     self.server = WorkerServer(worker_id, model_config, engine_config, warmup=warmup,
                                token_delay=token_delay)
     self._inbox: queue.Queue[Commands] = queue.Queue()
-    self._pulled: queue.Queue[tuple[int, Any, Any, float, BaseException | None]] = queue.Queue()
+    self._loaded: queue.Queue[tuple[int, Any, Any, float, BaseException | None]] = queue.Queue()
     self._news = threading.Condition()
     self._out: WorkerReport | None = None
     self._seq = 0
@@ -176,7 +180,7 @@ class WorkerActor:
       self._inbox.put(commands)
       self._wake.set()
     with self._news:
-      if self._out is None or not (self._out.chunks or self._out.pulls or self._out.failed_pulls
+      if self._out is None or not (self._out.chunks or self._out.loads or self._out.failed_loads
                                    or self._out.rejected or self._out.fatal):
         self._news.wait(timeout=max_wait)
       rep, self._out = self._out, None
@@ -191,13 +195,13 @@ class WorkerActor:
                         s.engine_config.num_slots, np.zeros((0, 3)), pid=os.getpid())
 
   # ----- threads ---------------------------------------------------------------------------------
-  def _pull(self, ref) -> None:
+  def _load(self, ref) -> None:
     t0 = time.monotonic()
     try:
-      params, moe_state = self.server.pull(ref)
-      self._pulled.put((ref.version, params, moe_state, time.monotonic() - t0, None))
+      params, moe_state = self.server.load(ref)
+      self._loaded.put((ref.version, params, moe_state, time.monotonic() - t0, None))
     except Exception as e:  # pylint: disable=broad-except
-      self._pulled.put((ref.version, None, None, 0.0, e))
+      self._loaded.put((ref.version, None, None, 0.0, e))
     self._wake.set()
 
   def _publish(self) -> None:
@@ -224,17 +228,17 @@ class WorkerActor:
       busy = False
       while not self._inbox.empty():
         cmds = self._inbox.get()
-        s.apply(cmds, fetch=False)
+        s.apply(cmds, load=False)
         if cmds.load is not None:
-          threading.Thread(target=self._pull, args=(cmds.load,), daemon=True).start()
+          threading.Thread(target=self._load, args=(cmds.load,), daemon=True).start()
         self._stop |= cmds.shutdown
         busy = True
-      while not self._pulled.empty():
-        version, params, moe_state, secs, err = self._pulled.get()
+      while not self._loaded.empty():
+        version, params, moe_state, secs, err = self._loaded.get()
         if err is not None:
-          s.pull_failed(version, err)
+          s.load_failed(version, err)
         else:
-          s.swap(version, params, moe_state, secs)
+          s.loaded(version, params, moe_state, secs)
         busy = True
       if s.has_work():
         s.step()

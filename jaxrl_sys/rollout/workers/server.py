@@ -30,7 +30,9 @@ def _profile(rows: list[tuple[int, int, float]]) -> np.ndarray:
 class WorkerServer:
   """The worker side of the protocol: an `Engine` driven by `Commands`.
 
-  Built without weights: the engine is created by the first `load`. `step()` runs one engine
+  Built without weights: the engine is created by the first load. A weight hand-off is
+  `load(ref)` (read and check the version), then `loaded(...)` (serve it) or `load_failed(...)`
+  (keep the previous one); `apply` runs all three in this thread. `step()` runs one engine
   step and buffers its chunks; `report()` drains everything buffered into a `WorkerReport`.
   Not thread-safe: the Ray actor serialises calls with a lock.
 
@@ -65,8 +67,8 @@ class WorkerServer:
     self._seq = 0
     self._chunks: list[TokenChunk] = []
     self._profile: list[tuple[int, int, float]] = []
-    self._pulls: list[tuple[int, float]] = []
-    self._failed_pulls: list[tuple[int, str]] = []
+    self._loads: list[tuple[int, float]] = []
+    self._failed_loads: list[tuple[int, str]] = []
     self._rejected: list[tuple[int, str]] = []
     self.loading = -1
     self.stopped = False
@@ -76,21 +78,21 @@ class WorkerServer:
     return -1 if self.engine is None else self.engine.version
 
   # ----- commands ------------------------------------------------------------------------------
-  def apply(self, commands: Commands, *, fetch: bool = True) -> None:
-    """Applies `commands` (abort, then load, then submit). With `fetch=False` the caller pulls
-    the weights itself (a background thread) and calls `swap` when they arrive."""
+  def apply(self, commands: Commands, *, load: bool = True) -> None:
+    """Applies `commands` (abort, then load, then submit). With `load=False` the caller loads
+    the weights itself (a background thread: `load`) and calls `loaded` when they arrive."""
     if commands.abort:
       self.abort(commands.abort)
     if commands.load is not None:
       self.loading = int(commands.load.version)
-      if fetch:
+      if load:
         t0 = time.monotonic()
         try:
-          params, moe_state = self.pull(commands.load)
+          params, moe_state = self.load(commands.load)
         except Exception as e:  # pylint: disable=broad-except
-          self.pull_failed(commands.load.version, e)
+          self.load_failed(commands.load.version, e)
         else:
-          self.swap(commands.load.version, params, moe_state, time.monotonic() - t0)
+          self.loaded(commands.load.version, params, moe_state, time.monotonic() - t0)
     if commands.submit:
       self.submit(commands.submit)
     if commands.shutdown:
@@ -111,16 +113,17 @@ class WorkerServer:
                                      np.zeros((0,), np.float32), self.version,
                                      FinishReason.ABORTED))
 
-  def pull(self, ref: Any) -> tuple[Any, Any]:
-    """Fetches a weight version (`ref.fetch()`, which verifies its checksums) and checks it fits
+  def load(self, ref: Any) -> tuple[Any, Any]:
+    """Loads a weight version (`ref.load()`, which verifies its checksums) and checks it fits
     the model; raises `CorruptWeightsError` / `WeightMismatchError` (the caller reports a
-    failed pull and keeps serving its previous version)."""
-    params, moe_state = ref.fetch()
+    failed load and keeps serving its previous version)."""
+    params, moe_state = ref.load()
     check_weights(self.model_config, params, int(ref.version))
     return params, moe_state
 
-  def swap(self, version: int, params: Any, moe_state: Any, seconds: float) -> None:
-    """Serves `version` from now on (creates the engine on the first call)."""
+  def loaded(self, version: int, params: Any, moe_state: Any, seconds: float) -> None:
+    """The load of `version` finished (in `seconds`): serves it from now on (creates the
+    engine on the first call)."""
     if self.engine is None:
       engine = Engine(self.model_config, params, self.engine_config, version=version,
                       moe_state=moe_state)
@@ -128,8 +131,8 @@ class WorkerServer:
         engine.warmup()  # before the engine is visible: the worker reports a version only then
       self.engine = engine
     elif version > self.engine.version:
-      self.engine.set_weights(params, version, moe_state)
-    self._pulls.append((int(version), float(seconds)))
+      self.engine.load(params, version, moe_state)
+    self._loads.append((int(version), float(seconds)))
     if self.loading == version:
       self.loading = -1
 
@@ -142,9 +145,9 @@ class WorkerServer:
     self._warm_done = not e.warmup(limit=1)
     return True
 
-  def pull_failed(self, version: int, error: BaseException) -> None:
-    """Records a failed pull (the previous version keeps serving)."""
-    self._failed_pulls.append((int(version), f"{type(error).__name__}: {error}"))
+  def load_failed(self, version: int, error: BaseException) -> None:
+    """Records a failed load (the previous version keeps serving)."""
+    self._failed_loads.append((int(version), f"{type(error).__name__}: {error}"))
     if self.loading == version:
       self.loading = -1
 
@@ -192,18 +195,16 @@ class WorkerServer:
   def _release_slowly(self, chunks: list[TokenChunk]) -> None:
     """Buffers `chunks` one decode position at a time: sleeps `token_delay` per token of the
     position, then releases those tokens (one-token chunks; a request's finish on its last)."""
-    for j in range(max(len(c.tokens) for c in chunks)):
-      part = [c for c in chunks if len(c.tokens) > j]
+    pieces = [c.split() for c in chunks]
+    for j in range(max(len(p) for p in pieces)):
+      part = [p[j] for p in pieces if len(p) > j]
       time.sleep(self.token_delay * len(part))
-      for c in part:
-        last = j == len(c.tokens) - 1
-        self._chunks.append(TokenChunk(c.request_id, c.start + j, c.tokens[j:j + 1],
-                                       c.logprobs[j:j + 1], c.version, c.finish if last else None))
+      self._chunks.extend(part)
       if self.on_progress is not None:
         self.on_progress()
 
   def has_news(self) -> bool:
-    return bool(self._chunks or self._pulls or self._failed_pulls or self._rejected)
+    return bool(self._chunks or self._loads or self._failed_loads or self._rejected)
 
   def report(self) -> WorkerReport:
     e = self.engine
@@ -211,10 +212,10 @@ class WorkerServer:
     waiting = [] if e is None else e.waiting_ids()
     rep = WorkerReport(self.worker_id, self._seq, self._chunks, self.version, self.loading,
                        running, waiting, self.engine_config.num_slots, _profile(self._profile),
-                       self._pulls, self._failed_pulls, self._rejected, os.getpid())
+                       self._loads, self._failed_loads, self._rejected, os.getpid())
     self._seq += 1
-    self._chunks, self._profile, self._pulls, self._rejected = [], [], [], []
-    self._failed_pulls = []
+    self._chunks, self._profile, self._loads, self._rejected = [], [], [], []
+    self._failed_loads = []
     return rep
 
 

@@ -103,7 +103,7 @@ def score_groups(groups: Sequence[Group], task, tokenizer, config: AdvantageConf
   for i, c in enumerate(comps):
     r = c.request
     samples.append(Sample(r.prompt, r.tokens, r.logprobs, r.versions,
-                          float(adv.reshape(-1)[i]), float(mask.reshape(-1)[i])))
+                          float(adv.reshape(-1)[i]), float(mask.reshape(-1)[i]), r.routes))
   lengths = np.array([c.request.num_generated for c in comps]).reshape(len(groups), s)
   stopped = np.array([c.finish == FinishReason.STOP for c in comps]).reshape(len(groups), s)
   return ScoredGroups(samples, rewards, lengths, stopped, int(nzv))

@@ -124,4 +124,5 @@ class LocalStep:
       scored.append(sc)
       yield self.fns.put_batch(batch_lib.pack(sc.samples, padded * plan.samples_per_group,
                                               plan.row_length(sc.samples), self.tok.pad_id,
-                                              window=plan.loop.max_new_tokens))
+                                              window=plan.loop.max_new_tokens,
+                                              route_shape=plan.route_shape))

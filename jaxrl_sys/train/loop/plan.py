@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import numpy as np
+
 from jaxrl_sys.models import ModelConfig, SamplingConfig
 from jaxrl_sys.rollout.engine.config import EngineConfig
 from jaxrl_sys.sharding import MeshSpec
@@ -125,6 +127,17 @@ class RunPlan:
     (strict on-policy) and async (a request's staleness counts from its admission) must not
     be served by older weights; one_off accepts any (-1)."""
     return version if self.loop.mode in ("sync", "async") else -1
+
+  @property
+  def route_shape(self):
+    """`(layers, k, dtype)` of the rollout routes packed beside the tokens (an MoE policy under
+    routing replay R3, `TrainConfig.routing_replay`), or None."""
+    m = self.train_model.moe
+    if m is None or self.train.routing_replay != "R3":
+      return None
+    from jaxrl_sys.models.moe import route_dtype  # pylint: disable=import-outside-toplevel
+    return (self.train_model.num_layers, m.num_experts_per_tok,
+            np.dtype(route_dtype(m.num_experts)))
 
   def row_length(self, samples: Sequence[batch_lib.Sample]) -> int:
     """Packed row length of a micro-batch: what its rows need, in `row_granule` steps, with

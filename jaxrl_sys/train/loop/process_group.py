@@ -115,8 +115,9 @@ class ProcessGroup:
       t = int(allgather(np.array([plan.row_length(samples) if samples else 1],
                                  np.int32)).max())
       positions += len(mb.group_ids) * s * t
-      local = batch_lib.pack(samples, stop - start, t, self.tok.pad_id, window=width)
-      gbatch = batch_lib.TrainBatch(*(jax.make_array_from_process_local_data(
+      local = batch_lib.pack(samples, stop - start, t, self.tok.pad_id, window=width,
+                             route_shape=plan.route_shape)
+      gbatch = batch_lib.TrainBatch(*(None if x is None else jax.make_array_from_process_local_data(
           batch_sharding(self.mesh, (rows,) + x.shape[1:], False, self.rules), x,
           (rows,) + x.shape[1:]) for x in local))
       if len(self.layout) == 1:

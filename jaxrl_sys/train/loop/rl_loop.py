@@ -327,6 +327,9 @@ class RLLoop:
         row.update(rollout)
         counters = now_counters
         row["groups_buffered"] = len(buffer.groups)
+        if self.plan.train_model.moe is not None:  # this process's routes of its samples
+          row["route_bytes"] = sum(int(c.request.routes.nbytes) for g in taken
+                                   for c in g.completions() if c.request.routes is not None)
         row["group_ids"] = list(stats.group_ids)
         for hook in self.step_hooks:
           hook(step, state, row)

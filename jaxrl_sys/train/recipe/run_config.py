@@ -49,7 +49,8 @@ from jaxrl_sys.rollout.setup.spec import RolloutSetup
 from jaxrl_sys.train.multihost.job import DistributedConfig
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.precision import PrecisionConfig
-from jaxrl_sys.train.step.config import ALGOS, OptimConfig, TrainConfig, train_config_for_algo
+from jaxrl_sys.train.step.config import (ALGOS, ROUTING_REPLAY, OptimConfig, TrainConfig,
+                                        train_config_for_algo)
 
 SCALARS = (str, int, float, bool)
 
@@ -97,15 +98,29 @@ class AlgoConfig:
     behav_weight_cap: truncated importance sampling: weigh each token by min(pi_train /
       pi_rollout, C), correcting the rollout-train mismatch (the mismatch_* metrics), in every
       mode; None = no weight in sync mode, the uncapped decoupled weight off-policy.
+    routing_replay: MoE routing replay, off | R2 | R3 (no effect on a dense policy). R3
+      replays the experts the rollout chose for every token in the training forward, so the
+      trainer scores the policy that sampled (BIP balancing and capacity limits route a
+      training batch differently); R2 replays the policy forward's own routes in the reference
+      (KL) forward only; off routes live. docs/moe.md.
+    routing_live_mismatch: with routing replay R3, also measure the mismatch of a forward
+      with live routes (mismatch_live_* metrics beside mismatch_*; one more forward per
+      micro-batch).
   """
   algo: str = "grpo"
   kl_coef: float | None = None
   remat: bool = False
   behav_weight_cap: float | None = None
+  routing_replay: str = "R3"
+  routing_live_mismatch: bool = False
 
   def __post_init__(self):
     if self.algo not in ALGOS:
       raise ValueError(f"unknown train.algo {self.algo!r}; choose one of {ALGOS}")
+    if self.routing_replay not in ROUTING_REPLAY:
+      raise ValueError(f"train.routing_replay={self.routing_replay!r} is not one of "
+                       f"{ROUTING_REPLAY} (R3: replay the rollout's MoE routes in training; "
+                       "off: route live)")
     if self.behav_weight_cap is not None and not self.behav_weight_cap > 0:
       raise ValueError(f"train.behav_weight_cap={self.behav_weight_cap} must be > 0 (unset = no "
                        "cap)")

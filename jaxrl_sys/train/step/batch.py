@@ -15,11 +15,16 @@ quarter of padding groups, and compiles at most one program per power of two up 
 row length `T` is what the micro-batch's longest row needs (`row_length`), rounded up to a
 multiple of `row_granule(prompt bucket)`, at most prompt bucket + response budget: at most five
 lengths, and no step computes a padded column its rows do not have.
+
+MoE policies under routing replay also pack the rollout's routes (`Request.routes`) position by
+position beside the tokens: `routes [rows, T, layers, k]` and `route_mask [rows, T]`, False
+where no route was recorded (padding, padding rows, the last response token, which the engine
+never fed, and samples without routes): those positions route live.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -38,6 +43,9 @@ class TrainBatch(NamedTuple):
     versions: `[rows, W]` int32, weight version that generated each target (-1 elsewhere).
     advantages: `[rows]` float32.
     score_start: `[rows]` int32, the position of window entry 0 (`score_start + W <= T`).
+    routes: `[rows, T, layers, k]` recorded expert ids of every input position (uint8 up to 256
+      experts), or None (dense, or no replay).
+    route_mask: `[rows, T]` bool, the positions whose routes are recorded, or None.
   """
   tokens: np.ndarray
   targets: np.ndarray
@@ -47,6 +55,8 @@ class TrainBatch(NamedTuple):
   versions: np.ndarray
   advantages: np.ndarray
   score_start: np.ndarray
+  routes: np.ndarray | None = None
+  route_mask: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -58,6 +68,8 @@ class Sample:
     tokens, logprobs, versions: `[Lr]` response tokens, behaviour log-probs, weight versions.
     advantage: the sample's advantage.
     weight: 1.0, or 0.0 to exclude it from the gradient (MC-GRPO pivot).
+    routes: `[Lp + Lr - 1, layers, k]` the rollout's expert ids of every fed position
+      (`Request.routes`), or None.
   """
   prompt: np.ndarray
   tokens: np.ndarray
@@ -65,6 +77,7 @@ class Sample:
   versions: np.ndarray
   advantage: float
   weight: float = 1.0
+  routes: np.ndarray | None = None
 
 
 def micro_batches(num_groups: int, max_groups: int, min_groups: int = 1) -> list[tuple[int, int]]:
@@ -126,7 +139,7 @@ def row_length(samples: Sequence[Sample], seq_len: int, granule: int,
 
 
 def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0,
-         window: int | None = None) -> TrainBatch:
+         window: int | None = None, route_shape: tuple[int, int, Any] | None = None) -> TrainBatch:
   """Packs up to `rows` samples into one micro-batch (missing rows are padding).
 
   Args:
@@ -135,6 +148,8 @@ def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0,
     pad_id: the padding token.
     window: W, scored positions per row starting at the last prompt position (at least the
       longest response); None scores every position (`score_start = 0`, `W = T`).
+    route_shape: `(layers, k, dtype)` to pack the samples' routes (routing replay), or None
+      (no `routes` / `route_mask`).
 
   Raises:
     ValueError: when there are more samples than rows, a sample does not fit `seq_len`, or
@@ -153,6 +168,11 @@ def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0,
   versions = np.full((rows, w), -1, np.int32)
   adv = np.zeros((rows,), np.float32)
   start = np.zeros((rows,), np.int32)
+  routes = route_mask = None
+  if route_shape is not None:
+    layers, k, dtype = route_shape
+    routes = np.zeros((rows, t, layers, k), dtype)
+    route_mask = np.zeros((rows, t), bool)
   for i, s in enumerate(samples):
     lp, lr = len(s.prompt), len(s.tokens)
     if max(lp, lp + lr - 1) > t:
@@ -175,12 +195,21 @@ def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0,
     behav[i, sl] = s.logprobs
     versions[i, sl] = s.versions
     adv[i] = s.advantage
-  return TrainBatch(tokens, targets, attn, loss_mask, behav, versions, adv, start)
+    if routes is not None and s.routes is not None and len(s.routes):
+      if len(s.routes) != lp + lr - 1 or s.routes.shape[1:] != routes.shape[2:]:
+        raise ValueError(f"a sample's routes have shape {list(s.routes.shape)}; expected "
+                         f"[prompt + response - 1 = {lp + lr - 1}, {routes.shape[2]}, "
+                         f"{routes.shape[3]}]")
+      m = min(len(s.routes), t)
+      routes[i, :m] = s.routes[:m]
+      route_mask[i, :m] = True
+  return TrainBatch(tokens, targets, attn, loss_mask, behav, versions, adv, start, routes,
+                    route_mask)
 
 
 def stack(batches: Sequence[TrainBatch]) -> TrainBatch:
   """Stacks micro-batches on a new leading `[micro]` axis."""
-  return TrainBatch(*(np.stack(xs) for xs in zip(*batches)))
+  return TrainBatch(*(None if xs[0] is None else np.stack(xs) for xs in zip(*batches)))
 
 
 def split(batch: TrainBatch, rows: int) -> TrainBatch:
@@ -188,4 +217,5 @@ def split(batch: TrainBatch, rows: int) -> TrainBatch:
   n = batch.tokens.shape[0]
   if n % rows:
     raise ValueError(f"{n} rows do not split into micro-batches of {rows}")
-  return TrainBatch(*(x.reshape((n // rows, rows) + x.shape[1:]) for x in batch))
+  return TrainBatch(*(None if x is None else x.reshape((n // rows, rows) + x.shape[1:])
+                      for x in batch))

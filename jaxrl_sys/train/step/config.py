@@ -9,6 +9,7 @@ import dataclasses
 from jaxrl_sys.losses.config import AdvantageConfig, PolicyLossConfig, preset
 
 ALGOS = ("grpo", "mc_grpo", "vcpo", "dapo", "drgrpo")
+ROUTING_REPLAY = ("off", "R2", "R3")
 SCHEDULES = ("constant", "cosine", "linear")
 
 
@@ -75,6 +76,16 @@ class TrainConfig:
     unroll_layers_max: unroll the training forward's layer loop for models with at most this
       many layers (XLA:CPU runs unrolled layers ~15% faster: no while loop, no stacked
       residuals); deeper models keep the scan (one compiled layer). 0 = always scan.
+    routing_replay: MoE routing replay (no effect on a dense policy): "R3" replays the experts
+      the rollout engine chose for every token (recorded with the samples) in the policy and
+      reference forwards, so the trainer's log-probs are those of the policy that sampled,
+      whatever BIP balancing or a capacity limit would choose for the training batch; "R2"
+      routes the policy forward live and replays its routes in the reference forward; "off"
+      routes every forward live. See docs/moe.md.
+    routing_live_mismatch: under routing replay R3, also run each micro-batch's policy forward
+      with live routes (no gradient) and log its mismatch to the rollout log-probs as
+      mismatch_live_mean / _max / _out_frac beside the replayed mismatch_*: what replay
+      removes (one more forward per micro-batch).
   """
   algo: str = "grpo"
   advantage: AdvantageConfig = AdvantageConfig()
@@ -87,10 +98,15 @@ class TrainConfig:
   logprob_chunk: int = 1024
   remat: bool = False
   unroll_layers_max: int = 8
+  routing_replay: str = "R3"
+  routing_live_mismatch: bool = False
 
   def __post_init__(self):
     if self.algo not in ALGOS:
       raise ValueError(f"unknown algo {self.algo!r}; choose one of {ALGOS}")
+    if self.routing_replay not in ROUTING_REPLAY:
+      raise ValueError(f"train.routing_replay={self.routing_replay!r} is not one of "
+                       f"{ROUTING_REPLAY}")
     if self.loss.kl_where != "loss":
       raise ValueError("the trainer supports kl_where='loss' only (a KL reward penalty would "
                        "need reference log-probs on the host before the advantages)")

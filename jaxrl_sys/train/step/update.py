@@ -22,6 +22,13 @@ the prompt's. The proximal policy of the decoupled loss is the
 parameters before this update (one optimizer update per step), i.e. `stop_gradient` of the
 same forward pass; the behaviour policy is the rollout engine's log-probs. The reference
 policy (KL) is a frozen copy in the state, skipped when the KL coefficient is 0.
+
+MoE routing replay (`TrainConfig.routing_replay`): "R3" runs the policy forward (and the
+reference forward) with the rollout's routes from the batch (`batch.routes`, forced where
+`batch.route_mask`), so the trainer scores the experts that produced the samples; "R2" routes
+the policy forward live and replays its routes in the reference forward; "off" routes every
+forward live. `routing_live_mismatch` (R3) adds a no-gradient forward with live routes and logs
+its mismatch to the rollout log-probs (`mismatch_live_*`) beside the replayed one.
 """
 from __future__ import annotations
 
@@ -53,6 +60,8 @@ _TOKEN_MEANS = ("kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high",
                 "mismatch_mean", "mismatch_out_frac")
 # MoE aux entries that are state (not sums) across micro-batches.
 _MOE_LATEST = ("q",)
+# The mismatch of a forward with live routes, under routing replay (`routing_live_mismatch`).
+_LIVE_MEANS = ("mismatch_live_mean", "mismatch_live_out_frac")
 # The sampling config of a step given none: temperature 1.
 SAMPLING = SamplingConfig()
 
@@ -105,16 +114,29 @@ def _score_window_bwd(width, res, g):
 score_window.defvjp(_score_window_fwd, _score_window_bwd)
 
 
+def batch_routes(model_config: ModelConfig, train_config: TrainConfig, batch: TrainBatch):
+  """The rollout routes the policy forward replays (R3 with routes in the batch), else None."""
+  if (model_config.moe is None or train_config.routing_replay != "R3"
+      or batch.routes is None):
+    return None
+  from jaxrl_sys.models.moe import Routes  # pylint: disable=import-outside-toplevel
+  return Routes(batch.routes, batch.route_mask)
+
+
 def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig, batch: TrainBatch,
-                   moe_state=None, sampling: SamplingConfig = SAMPLING):
+                   moe_state=None, sampling: SamplingConfig = SAMPLING, routes=None,
+                   return_routes: bool = False):
   """Log-probs and entropy of `batch.targets` under `params` at `sampling.temperature`, on the
-  scoring window only (no logits at the prompt positions before it).
+  scoring window only (no logits at the prompt positions before it). `routes`: MoE routes to
+  replay (`models.moe.Routes`), None routes live; `return_routes` (static) also returns the
+  forward's.
 
   Returns:
-    (logprobs `[rows, W]` float32, entropy `[rows, W]` float32, MoE aux dict).
+    (logprobs `[rows, W]` float32, entropy `[rows, W]` float32, MoE aux dict), and the forward's
+    `Routes` last when `return_routes`.
   """
   out = forward(params, model_config, batch.tokens, attention_mask=batch.attention_mask,
-                moe_state=moe_state,
+                moe_state=moe_state, routes=routes, return_routes=return_routes,
                 unroll_layers=model_config.num_layers <= train_config.unroll_layers_max)
   rows, t, d = out.hidden.shape
   w = batch.targets.shape[1]
@@ -123,6 +145,8 @@ def token_logprobs(params, model_config: ModelConfig, train_config: TrainConfig,
       hidden.reshape(rows * w, d), unembedding(params, model_config),
       batch.targets.reshape(rows * w), temperature=sampling.temperature,
       chunk_size=train_config.logprob_chunk, impl=train_config.logprob_impl)
+  if return_routes:
+    return lp.reshape(rows, w), ent.reshape(rows, w), out.aux, out.routes
   return lp.reshape(rows, w), ent.reshape(rows, w), out.aux
 
 
@@ -131,12 +155,18 @@ def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelCo
   tc = train_config
   fn = token_logprobs
   if tc.remat:
-    fn = jax.checkpoint(token_logprobs, static_argnums=(1, 2, 5))
-  lp, ent, moe_aux = fn(params, model_config, tc, mb, state.moe_state, sampling)
+    fn = jax.checkpoint(token_logprobs, static_argnums=(1, 2, 5, 7))
+  routes = batch_routes(model_config, tc, mb)
+  r2 = model_config.moe is not None and tc.routing_replay == "R2"
+  lp, ent, moe_aux, *own = fn(params, model_config, tc, mb, state.moe_state, sampling, routes,
+                              r2)
+  if r2:  # the policy forward's own routes, for the reference forward
+    routes = jax.tree.map(jax.lax.stop_gradient, own[0])
   mask = mb.loss_mask
   ref = None
   if state.ref_params is not None:
-    ref, _, _ = token_logprobs(state.ref_params, model_config, tc, mb, state.moe_state, sampling)
+    ref, _, _ = token_logprobs(state.ref_params, model_config, tc, mb, state.moe_state, sampling,
+                               routes)
     ref = jax.lax.stop_gradient(ref)
   prox = jax.lax.stop_gradient(lp)
   out = policy_loss(lp, prox, mb.advantages, mask, config=tc.loss, ref_logprobs=ref,
@@ -152,7 +182,18 @@ def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelCo
   log_w = sequence_log_weights(prox, mb.behav_logprobs, mask)
   # Trainer vs rollout-engine log-prob mismatch (numerics, plus staleness off-policy).
   aux = dict(out.aux, **mismatch_stats(prox, mb.behav_logprobs, mask))
+  if live_mismatch(model_config, tc):
+    live, _, _ = token_logprobs(params, model_config, tc, mb, state.moe_state, sampling)
+    stats = mismatch_stats(jax.lax.stop_gradient(live), mb.behav_logprobs, mask)
+    aux.update({k.replace("mismatch_", "mismatch_live_"): v for k, v in stats.items()})
   return numerator, (aux, den, log_w, jax.lax.stop_gradient(moe_aux))
+
+
+def live_mismatch(model_config: ModelConfig, train_config: TrainConfig) -> bool:
+  """Whether the step also measures the mismatch of live routing (`routing_live_mismatch`
+  under R3, MoE only)."""
+  return (model_config.moe is not None and train_config.routing_live_mismatch
+          and train_config.routing_replay == "R3")
 
 
 def init_accum(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
@@ -161,12 +202,15 @@ def init_accum(state: TrainState, mb: TrainBatch, *, model_config: ModelConfig,
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
   moe_aux = None
   if model_config.moe is not None:
-    shapes = jax.eval_shape(lambda p, b: token_logprobs(p, model_config, train_config, b,
-                                                        state.moe_state, sampling)[2],
-                            state.params, mb)
+    shapes = jax.eval_shape(
+        lambda p, b: token_logprobs(p, model_config, train_config, b, state.moe_state, sampling,
+                                    batch_routes(model_config, train_config, b))[2],
+        state.params, mb)
     moe_aux = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
   keys = _TOKEN_MEANS + ("loss_numerator", "num_tokens", "num_sequences", "pg_numerator",
                          "off_policy_tokens", "staleness_sum")
+  if live_mismatch(model_config, train_config):
+    keys += _LIVE_MEANS + ("mismatch_live_max",)
   sums = {k: jnp.zeros([], jnp.float32) for k in keys}
   sums["ratio_max"] = jnp.zeros([], jnp.float32)
   sums["mismatch_max"] = jnp.zeros([], jnp.float32)
@@ -184,9 +228,11 @@ def accumulate(state: TrainState, acc: Accum, mb: TrainBatch, *, model_config: M
   valid = mb.loss_mask != 0
   ntok = aux["num_tokens"].astype(jnp.float32)
   sums = dict(acc.sums)
-  for k in _TOKEN_MEANS:
+  for k in _TOKEN_MEANS + _LIVE_MEANS:
     if k in aux:
       sums[k] = sums[k] + aux[k] * ntok
+  if "mismatch_live_max" in aux:
+    sums["mismatch_live_max"] = jnp.maximum(sums["mismatch_live_max"], aux["mismatch_live_max"])
   stale = jnp.where(valid, state.step - mb.versions, 0).astype(jnp.float32)
   sums.update(
       loss_numerator=sums["loss_numerator"] + numerator,
@@ -232,7 +278,9 @@ def apply(state: TrainState, acc: Accum, *, model_config: ModelConfig, train_con
     moe_state = moe.update_moe_state(state.moe_state, acc.moe_aux, model_config)
     moe_metrics = dict(moe.moe_metrics(acc.moe_aux))
   ntok = jnp.maximum(acc.sums["num_tokens"], 1.0)
-  metrics = {k: acc.sums[k] / ntok for k in _TOKEN_MEANS}
+  metrics = {k: acc.sums[k] / ntok for k in _TOKEN_MEANS + _LIVE_MEANS if k in acc.sums}
+  if "mismatch_live_max" in acc.sums:
+    metrics["mismatch_live_max"] = acc.sums["mismatch_live_max"]
   metrics.update(
       loss=_safe_div(acc.sums["loss_numerator"], den),
       pg_loss=_safe_div(acc.sums["pg_numerator"], den),
@@ -322,7 +370,8 @@ class TrainFns:
   def put_batch(self, batch: TrainBatch) -> TrainBatch:
     """Places a host batch (`[rows, T]` or `[micro, rows, T]`) on the mesh."""
     stacked = batch.tokens.ndim == 3
-    return TrainBatch(*(jax.device_put(x, batch_sharding(self.mesh, x.shape, stacked, self.rules))
+    return TrainBatch(*(None if x is None else
+                        jax.device_put(x, batch_sharding(self.mesh, x.shape, stacked, self.rules))
                         for x in batch))
 
 

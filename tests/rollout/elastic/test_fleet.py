@@ -1,4 +1,6 @@
 """The fleet follows a spot trace within a cap, over the real manager, on a manual clock."""
+import types
+
 import numpy as np
 
 from jaxrl_sys.rollout import ManagerConfig, ManualClock, MemoryWeightStore, RolloutManager
@@ -34,7 +36,7 @@ def test_fleet_follows_the_trace_within_the_cap_and_nothing_is_lost():
   out, live = [], []
   while m.num_pending():
     out += m.poll(min_count=1, timeout=0.2)
-    live.append((clock.now(), len(m.workers), trace.live_at(clock.now())))
+    live.append((clock.now(), len(m.fleet), trace.live_at(clock.now())))
   assert sorted(c.request_id for c in out) == [r.request_id for r in reqs]
   by_id = {r.request_id: r for r in reqs}
   for c in out:
@@ -45,7 +47,7 @@ def test_fleet_follows_the_trace_within_the_cap_and_nothing_is_lost():
   assert starts[:2] == ["spot-a.0", "spot-b.0"]  # the cap holds "c" back
   assert "spot-c.0" in starts  # ... until "a" is preempted: spare capacity replaces it at once
   assert [w for _, a, w in fleet.log if a == "preempt"] == ["spot-a.0", "spot-b.0"]
-  assert m.stats.lost == 2 and m.stats.migrated > 0
+  assert m.fleet.stats.lost == 2 and m.fleet.stats.migrated > 0
 
 
 def test_lowering_the_cap_retires_workers_gracefully():
@@ -64,16 +66,17 @@ def test_lowering_the_cap_retires_workers_gracefully():
   reqs = make_requests(12, seed=22, max_new=40)
   m.submit(reqs)
   out = m.poll(timeout=1.0)
-  assert len(m.workers) == 3
+  assert len(m.fleet) == 3
   cap["n"] = 1
   while m.num_pending():
     out += m.poll(min_count=1, timeout=0.2)
-  assert len(m.workers) == 1 and m.stats.lost == 0
+  assert len(m.fleet) == 1 and m.fleet.stats.lost == 0
   by_id = {r.request_id: r for r in reqs}
   for c in out:
     assert list(c.request.tokens) == expected(by_id[c.request_id])
   assert [a for _, a, _ in fleet.log].count("retire") == 2
-  assert m.stats.balanced > 0 and m.stats.migrated == 0  # moved with every token, no attempt
+  stats = m.fleet.stats
+  assert stats.balanced > 0 and stats.migrated == 0  # moved with every token, no attempt
 
 
 def test_chaos_kills_and_restarts_and_every_request_completes():
@@ -88,8 +91,39 @@ def test_chaos_kills_and_restarts_and_every_request_completes():
   by_id = {r.request_id: r for r in reqs}
   for c in out:
     assert list(c.request.tokens) == expected(by_id[c.request_id])
-  assert m.stats.lost >= 2 and len(made) >= 5
+  assert m.fleet.stats.lost >= 2 and len(made) >= 5
   assert sum(w.generated for w in made.values()) == sum(len(c.request.tokens) for c in out)
+
+
+class _Port:
+  """The elastic port a `Fleet` drives (`fleet` view, `add_worker`, `retire_worker`), without a
+  manager: workers join it and stay (nothing runs them), and the test sets what every one of
+  them does (`serving`: None starting, False idle with weights, True generating)."""
+
+  cap = None
+
+  def __init__(self):
+    self.ids: list[str] = []
+    self.serving: bool | None = None
+
+  @property
+  def fleet(self):
+    return self
+
+  def __contains__(self, worker_id):
+    return worker_id in self.ids
+
+  def get(self, worker_id):
+    if worker_id not in self.ids:
+      return None
+    return types.SimpleNamespace(version=-1 if self.serving is None else 0,
+                                 assigned=(0,) if self.serving else ())
+
+  def add_worker(self, worker):
+    self.ids.append(worker.worker_id)
+
+  def retire_worker(self, worker_id):
+    self.ids.remove(worker_id)
 
 
 def test_chaos_clock_counts_serving_time_only():
@@ -98,8 +132,7 @@ def test_chaos_clock_counts_serving_time_only():
   stands still again while none holds work. The plain clock kills a starting fleet on the
   same schedule."""
   def run(serving_clock):
-    clock = ManualClock()
-    m = RolloutManager(store=MemoryWeightStore(), config=ManagerConfig(), clock=clock)
+    clock, m = ManualClock(), _Port()
     fleet = Fleet(lambda wid: FakeWorker(wid, clock, num_slots=2), serving_clock=serving_clock,
                   schedule=ChaosSchedule(kill_every=1.0, seed=5, restart_after=0.2, slots=2,
                                          distribution="uniform"))
@@ -108,9 +141,7 @@ def test_chaos_clock_counts_serving_time_only():
     def ticks(n, serving):
       nonlocal t
       for _ in range(n):
-        for ws in m.workers.values():  # every worker (restarted ones too) serves or starts
-          ws.version = -1 if serving is None else 0  # None: starting, False: idle
-          ws.assigned = {0: None} if serving else {}
+        m.serving = serving  # every worker (restarted ones too) serves or starts
         fleet(m, t)
         t += 0.1
         kills.append(sum(a == "preempt" for _, a, _ in fleet.log))
@@ -126,17 +157,12 @@ def test_chaos_clock_counts_serving_time_only():
   assert kills[119] - kills[80] <= 1  # the pause: at most the kill due at its first tick
 
   # Every worker killed: the clock runs while none is alive, so the slots restart.
-  clock = ManualClock()
-  m = RolloutManager(store=MemoryWeightStore(), config=ManagerConfig(), clock=clock)
+  clock, m = ManualClock(), _Port()
+  m.serving = True
   fleet = Fleet(lambda wid: FakeWorker(wid, clock, num_slots=2), serving_clock=True,
                 schedule=ChaosSchedule(kill_every=1.0, seed=5, restart_after=0.5, slots=1))
   for i in range(30):
-    for ws in m.workers.values():
-      ws.version, ws.assigned = 0, {0: None}
     fleet(m, i * 0.1)
-    for w in list(fleet.workers.values()):  # the manager notices a kill at once
-      if w.worker_id in m.workers and getattr(w, "killed", False):
-        m.workers.pop(w.worker_id)
   starts = [w for _, a, w in fleet.log if a == "start"]
   assert len(starts) >= 2, fleet.log
   assert run(serving_clock=False)[39] >= 2, "the plain clock kills starting workers"
@@ -176,4 +202,4 @@ def test_kills_pause_while_no_worker_has_finished_starting():
   assert sum(s.startswith("fleet: killed ") for s in said) == kills
   assert sum(s.startswith("fleet: kills paused") for s in said) >= 1
   assert sum(s.endswith("joined (serving weight version 0)") for s in said) == kinds.count("join")
-  assert any(s.startswith("fleet: migrated ") for s in said) and m.stats.migrated > 0
+  assert any(s.startswith("fleet: migrated ") for s in said) and m.fleet.stats.migrated > 0

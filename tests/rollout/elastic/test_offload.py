@@ -105,17 +105,17 @@ def test_seeded_requests_end_exactly_as_undisturbed():
   m.set_accepting("spot", False)  # the spot worker is still starting: the trainer seeds alone
   assert driver.deadline() is not None
   out = []
-  while m.stats.tokens == 0:  # exchange rounds until the trainer's engine generated a chunk
+  while m.fleet.stats.tokens == 0:  # exchange rounds until the trainer's engine generated a chunk
     m.round()
   m.set_accepting("spot", True)
   assert driver.hand_off(m) > 0
   while m.num_pending():
     out += m.poll(min_count=1)
   common.assert_matches(out, common.reference(reqs, common.SAMPLED))
-  seeded = [c for c in out if len(m.provenance(c.request_id)) == 2]
+  seeded = [c for c in out if len(m.fleet.provenance(c.request_id)) == 2]
   assert seeded
   for c in seeded:
-    (w0, a0, b0), (w1, a1, _) = m.provenance(c.request_id)
+    (w0, a0, b0), (w1, a1, _) = m.fleet.provenance(c.request_id)
     assert (w0, w1) == ("trainer", "spot") and a0 == 0 and a1 == b0 > 0
   metrics = driver.end_step(m, t_wait_train=0.0, t_train=1.0)
   assert metrics["tokens_local"] + metrics["tokens_remote"] == sum(
@@ -157,10 +157,10 @@ def test_instances_beyond_the_initial_cap_are_not_started(at_resv, started):
   driver = OffloadDriver(OffloadConfig(t_init=1.0, n_resv=2, cap_starts_at_resv=at_resv))
   driver.apply_cap(m)
   m.round()
-  assert len(m.workers) == started
+  assert len(m.fleet) == started
   driver.begin_step(m)
   m.round()
-  assert len(m.workers) == started
+  assert len(m.fleet) == started
 
 
 @pytest.mark.parametrize("ceil, started", [(False, 2), (True, 3)])
@@ -172,4 +172,70 @@ def test_the_fleet_runs_no_instance_beyond_n_prem(ceil, started):
   driver = OffloadDriver(cfg, OffloadState(t_seed=1.0, n_prem_cap=2.6))
   driver.apply_cap(m)
   m.round()
-  assert len(m.workers) == started
+  assert len(m.fleet) == started
+
+
+def test_a_retirement_is_a_count_change_for_the_memory_table():
+  # Algorithm 1 stores M[n] = T_seed only "if the instance count did not change during the
+  # step": a worker the fleet retired (the cap fell) changes it as a loss or a join does.
+  def step(retire: bool):
+    m = _manager_with_six_spot_nodes()
+    driver = OffloadDriver(OffloadConfig(t_init=1.0, n_resv=2),
+                           OffloadState(t_seed=1.0, n_prem_cap=6.0))
+    driver.apply_cap(m)
+    m.round()
+    driver.begin_step(m)
+    if retire:  # the cap falls mid-step: the fleet retires the newest worker after 30 s
+      m.set_cap(5)
+    for _ in range(40):
+      m.clock.advance(1.0)
+      m.round()
+    driver.end_step(m, t_wait_train=0.0, t_train=1.0)
+    return len(m.fleet), dict(driver.state.memory)
+
+  n, memory = step(retire=False)
+  assert n == 6 and set(memory) == {6}
+  n, memory = step(retire=True)
+  assert n == 5 and memory == {}
+
+
+def test_an_instance_lost_mid_step_does_not_count_as_waiting_to_its_end():
+  # t_wait_remote: "time remote instances idle after their last response until the step ends".
+  # r1 lives through the step (busy 60 s, last response at 60 s: it waits 40 s); r2 is
+  # preempted at 30 s, busy until then: its busy time counts in t_remote, but it did not wait
+  # the 70 s to the step's end (it counted as waiting them before, shrinking T_seed).
+  from types import SimpleNamespace  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.rollout import ManualClock  # pylint: disable=import-outside-toplevel
+
+  class Fleet(dict):  # the read-only view's surface the driver reads
+    stats = SimpleNamespace(joined=0, lost=0, tokens=0, tokens_local=0)
+
+  class Manager:  # the elastic port's surface the driver reads
+    def __init__(self):
+      self.clock, self.cap = ManualClock(), None
+      self.fleet = Fleet({w: SimpleNamespace(local=False) for w in ("r1", "r2")})
+      self.times, self.remote_s = {"r1": (0.0, 0.0, False), "r2": (0.0, 0.0, False)}, 0.0
+
+    def set_cap(self, n):
+      self.cap = n
+
+    def set_accepting(self, worker_id, accepting):
+      pass
+
+    def worker_times(self):
+      return dict(self.times)
+
+    def remote_worker_seconds(self):
+      return self.remote_s
+
+  m = Manager()
+  driver = OffloadDriver(OffloadConfig(t_init=10.0, n_resv=1, memory=False))
+  driver.begin_step(m)
+  m.clock.advance(100.0)
+  fake_fleet = m.fleet  # a stand-in of this test's own, not the manager's view
+  del fake_fleet["r2"]
+  fake_fleet.stats.lost = 1
+  m.times, m.remote_s = {"r1": (60.0, 60.0, False), "r2": (30.0, 30.0, False)}, 130.0
+  out = driver.end_step(m, t_wait_train=0.0, t_train=50.0)
+  assert out["t_remote"] == pytest.approx(45.0) and out["t_wait_remote"] == pytest.approx(40.0)
+  assert out["workers_used"] == pytest.approx(1.3)

@@ -91,3 +91,50 @@ def test_unknown_formats_name_the_known_ones(tmp_path):
     parse_counts("0,1\n60,-1\n", "f.csv")
   with pytest.raises(ValueError, match=r"f.csv:2: timestamp 'yesterday' is neither"):
     parse_counts("0,1\nyesterday,2\n", "f.csv")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("0,1\n60,1e9\n", r"f.csv:2: 1,000,000,000 instances live at once; a trace may have at most"),
+    ("0,1\n60,20001\n", r"f.csv:2: 20,001 instances live at once"),
+    ("0,1\n60,1.5\n", r"f.csv:2: expected '<timestamp>,<count>' with a whole-number count"),
+    ("0,nan\n60,2\n", r"f.csv:1: expected '<timestamp>,<count>' with a whole-number count"),
+    ("0,2\n60,inf\n", r"f.csv:2: expected '<timestamp>,<count>' with a whole-number count"),
+    ("0,1\ninf,2\n", r"f.csv:2: timestamp 'inf' is not a finite number"),
+    ("0,-3\n", r"f.csv:1: negative count -3"),
+    # 300 swings between 0 and 10,000 slots: 3 million add/remove events, refused up front
+    ("".join(f"{60 * i},{10_000 * (i % 2)}\n" for i in range(300)), r"more than 2,000,000"),
+])
+def test_implausible_counts_fail_at_once_naming_the_line(text, match):
+  # A count of 1e9 instances used to build a billion events (a hang in `spot_sim --trace` and
+  # `grpo --preempt_trace`): it is refused while the file is read, before any event exists.
+  with pytest.raises(ValueError, match=match):
+    parse_counts(text, "f.csv")
+
+
+def test_implausible_json_traces_fail_naming_the_field():
+  big = json.dumps({"metadata": {"gap_seconds": 300}, "data": [0, 16, 1e9]})
+  with pytest.raises(ValueError, match=r"s.json: data\[2\]: 1,000,000,000 instances live"):
+    parse_trace(big, "s.json")
+  with pytest.raises(ValueError, match=r"s.json: data\[1\] = 2.5 is not a whole-number count"):
+    parse_trace(json.dumps({"metadata": {"gap_seconds": 300}, "data": [0, 2.5]}), "s.json")
+  with pytest.raises(ValueError, match=r"gap_seconds must be a finite number > 0, got -60"):
+    parse_trace(json.dumps({"metadata": {"gap_seconds": -60}, "data": [1]}), "s.json")
+  nodes = json.dumps([0, "add", {"nodes": [f"n{i}" for i in range(10_001)]}])
+  with pytest.raises(ValueError, match=r"p.txt: 10,001 instances live at once"):
+    parse_trace(nodes + "\n", "p.txt")
+  with pytest.raises(ValueError, match=r"p.txt:1: time inf ms and duration"):
+    parse_trace('[Infinity, "add", {"nodes": ["a"]}]\n', "p.txt")
+
+
+def test_files_that_cannot_be_read_are_value_errors_naming_them(tmp_path):
+  with pytest.raises(ValueError, match=r"trace .*nope.csv: no such file"):
+    load_trace(str(tmp_path / "nope.csv"))
+  with pytest.raises(ValueError, match=r"no such file \(it is a directory\)"):
+    load_trace(str(tmp_path))
+  binary = tmp_path / "blob.csv"
+  binary.write_bytes(b"\xff\xfe\x00\x81")
+  with pytest.raises(ValueError, match=r"blob.csv: cannot be read"):
+    load_trace(str(binary))
+  bom = tmp_path / "bom.csv"  # a UTF-8 byte-order mark, as Windows tools write
+  bom.write_bytes("\ufefftimestamp,count\n0,2\n60,3\n".encode())
+  assert _curve(load_trace(str(bom)), [0, 60]) == [2, 3]

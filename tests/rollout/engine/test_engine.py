@@ -98,7 +98,7 @@ def test_errors_are_clear():
     eng.submit([Request(2, [1, 2], 4, request_key(0, 2), min_version=3)])
   bad = dict(params(), embed=params()["embed"][:10])  # noqa: E501
   with pytest.raises(ValueError, match="shape"):
-    eng.set_weights(bad, 1)
+    eng.load(bad, 1)
   with pytest.raises(ValueError, match="max_seq_len"):
     Engine(CFG, params(), engine_config(max_len=128))
 

@@ -77,7 +77,7 @@ def _swap_run(reqs, cfg, steps_before):
     eng.step()
   at_swap = {r.request_id: r.num_generated for r in eng.running_requests()}
   early = {c.request_id: c for c in eng.take_completions()}
-  eng.set_weights(params(1), 1)
+  eng.load(params(1), 1)
   return eng, at_swap, early, {c.request_id: c for c in eng.run()}
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxrl_sys.rollout import (InProcessWorker, ManagerConfig, ManualClock, MemoryWeightStore,
-                               RolloutManager, RolloutStalledError, WeightPullError)
+                               RolloutManager, RolloutStalledError, WeightLoadError)
 from jaxrl_sys.rollout.weights.tensorstore import TensorstoreWeightStore
 from tests.rollout import common
 from tests.rollout.fake_worker import FakeWorker, make_requests
@@ -70,11 +70,11 @@ def test_a_rollout_without_progress_ends_at_the_stall_timeout():
 def test_a_pull_that_never_finishes_fails_after_the_pull_timeout():
   clock = ManualClock()
   never = FakeWorker("w0", clock, load_delay=1e9)
-  cfg = ManagerConfig(pull_timeout=10.0, max_pull_failures=1)
+  cfg = ManagerConfig(load_timeout=10.0, max_load_failures=1)
   m = RolloutManager([never], config=cfg, clock=clock)
   m.publish(TREE, 0)
   m.submit(make_requests(1))
-  with pytest.raises(WeightPullError, match=r"weight version 0 .*2 pulls failed .*not loaded "
+  with pytest.raises(WeightLoadError, match=r"weight version 0 .*2 pulls failed .*not loaded "
                      r"within 10 s"):
     m.poll()
   assert 20.0 < clock.now() < 22.0
@@ -83,8 +83,8 @@ def test_a_pull_that_never_finishes_fails_after_the_pull_timeout():
 def test_a_corrupt_tensorstore_version_is_reported_and_workers_keep_the_good_one(tmp_path):
   clock = ManualClock()
   store = TensorstoreWeightStore(tmp_path)
-  ws = [FakeWorker(f"w{i}", clock, fetch=True) for i in range(2)]
-  m = RolloutManager(ws, store=store, config=ManagerConfig(max_pull_failures=3), clock=clock)
+  ws = [FakeWorker(f"w{i}", clock, load=True) for i in range(2)]
+  m = RolloutManager(ws, store=store, config=ManagerConfig(max_load_failures=3), clock=clock)
   m.publish(TREE, 0)
   store.wait()
   first = make_requests(4, seed=1)
@@ -95,20 +95,20 @@ def test_a_corrupt_tensorstore_version_is_reported_and_workers_keep_the_good_one
   flip_largest_file(os.path.join(tmp_path, "v1"))
   m.submit(make_requests(4, seed=2, min_version=1, first_id=10))
   t0 = clock.now()
-  with pytest.raises(WeightPullError) as err:
+  with pytest.raises(WeightLoadError) as err:
     for _ in range(1000):
       m.poll(min_count=1)
   msg = str(err.value)
   assert "weight version 1 could not be loaded" in msg and str(tmp_path) in msg, msg
   assert "4 pulls failed" in msg and "CorruptWeightsError" in msg, msg
   assert clock.now() - t0 < 5.0  # retried at once, never waited out a timeout
-  assert sorted(w.version for w in m.workers.values()) == [0, 0]  # the good version serves on
-  assert m.stats.lost == 0  # a corrupt version is not the workers' fault
+  assert sorted(w.version for w in m.fleet.values()) == [0, 0]  # the good version serves on
+  assert m.fleet.stats.lost == 0  # a corrupt version is not the workers' fault
   m.close()
 
 
 def test_a_corrupt_first_version_stops_a_real_worker_with_the_path(tmp_path):
-  """The real worker path (`WorkerServer.pull`: fetch + checksums) over real files."""
+  """The real worker path (`WorkerServer.load`: `WeightRef.load` + checksums) over real files."""
   store = TensorstoreWeightStore(tmp_path)
   m = RolloutManager([InProcessWorker("local-0", common.CFG, common.engine_config())],
                      store=store)
@@ -117,7 +117,7 @@ def test_a_corrupt_first_version_stops_a_real_worker_with_the_path(tmp_path):
   flip_largest_file(os.path.join(tmp_path, "v0"))
   m.submit(common.make_requests(2))
   t0 = time.monotonic()
-  with pytest.raises(WeightPullError, match=r"weight version 0 could not be loaded from the "
+  with pytest.raises(WeightLoadError, match=r"weight version 0 could not be loaded from the "
                      r"weight store TensorstoreWeightStore\(.*" + os.path.basename(tmp_path) +
                      r".*CorruptWeightsError"):
     m.poll(timeout=60.0)
@@ -141,8 +141,8 @@ def test_weights_that_do_not_fit_the_model_are_named(damage, match):
   m = RolloutManager([InProcessWorker("local-0", common.CFG, common.engine_config())])
   m.publish(params, 0)
   m.submit(common.make_requests(1))
-  with pytest.raises(WeightPullError, match=r"weight version 0 could not be loaded .*"
+  with pytest.raises(WeightLoadError, match=r"weight version 0 could not be loaded .*"
                      r"WeightMismatchError: the weights of version 0 do not fit the model .*"
                      + match):
     m.poll(timeout=60.0)
-  assert m.workers["local-0"].version == -1  # never served
+  assert m.fleet["local-0"].version == -1  # never served

@@ -51,7 +51,7 @@ def test_every_request_completes_exactly_once_and_theta_holds():
   assert all(w.max_waiting <= 2 for w in ws), [w.max_waiting for w in ws]
   assert all(w.generated for w in ws)
   # Time only moved through the injected clock: virtual seconds, not the wall clock.
-  assert 0 < clock.now() < 60 and all(t <= clock.now() for t, *_ in m.events)
+  assert 0 < clock.now() < 60 and all(t <= clock.now() for t, *_ in m.fleet.events)
 
 
 def test_worker_death_migrates_with_every_token_kept():
@@ -63,15 +63,16 @@ def test_worker_death_migrates_with_every_token_kept():
   m.submit(reqs)
   out = drain(m)
   check_complete(out, reqs)
-  moved = [c for c in out if m.provenance(c.request_id)[0][0] == "dying"
-           and len(m.provenance(c.request_id)) > 1]
+  moved = [c for c in out if m.fleet.provenance(c.request_id)[0][0] == "dying"
+           and len(m.fleet.provenance(c.request_id)) > 1]
   assert moved, "the dying worker held unfinished requests"
   kept = 0
   for c in moved:
-    prov = m.provenance(c.request_id)
+    prov = m.fleet.provenance(c.request_id)
     assert prov[1][1] == prov[0][2], prov  # the next worker starts where the dead one stopped
     kept += prov[0][2] - prov[0][1]
-  assert m.stats.lost == 1 and m.stats.migrated >= len(moved) and m.stats.tokens_kept == kept
+  stats = m.fleet.stats
+  assert stats.lost == 1 and stats.migrated >= len(moved) and stats.tokens_kept == kept
   # No token was generated twice: the workers together produced exactly the final tokens.
   assert sum(w.generated for w in ws) == sum(len(c.request.tokens) for c in out)
 
@@ -85,7 +86,7 @@ def test_hung_worker_is_lost_after_the_heartbeat_timeout():
   m.submit(reqs)
   out = drain(m)
   check_complete(out, reqs)
-  lost = [e for e in m.events if e[1] == "lost"]
+  lost = [e for e in m.fleet.events if e[1] == "lost"]
   assert len(lost) == 1 and lost[0][2] == "hung" and "no report within 2 s" in lost[0][3]
   assert 2.0 < lost[0][0] < 2.6 and hung.dead  # killed, no zombie
 
@@ -97,28 +98,28 @@ def test_late_and_duplicated_chunks_are_ignored():
   reqs = make_requests(6, seed=4, max_new=20)
   m.submit(reqs)
   m.poll(timeout=0.35)
-  rid = next(iter(m.workers["a"].assigned))
+  rid = next(iter(m.fleet["a"].assigned))
   a.pending = None
   from jaxrl_sys.rollout import Commands  # pylint: disable=import-outside-toplevel
   a.send(Commands())
   clock.advance(0.1)
   rep = a.receive()  # one more report from "a"
-  m.on_lost("a", "test")
-  before = m.stats.ignored_reports
-  m.on_report(rep)  # a late report of a lost worker
-  assert m.stats.ignored_reports == before + 1
-  n = m.requests[rid].request.num_generated
+  m.remove_worker("a", "test")
+  before = m.fleet.stats.ignored_reports
+  m.core.on_report(rep, clock.now())  # a late report of a lost worker
+  assert m.fleet.stats.ignored_reports == before + 1
+  for _ in range(1000):  # the migrated request reaches "b", whose exchange is over
+    if rid in m.fleet["b"].assigned and not m.fleet["b"].outstanding:
+      break
+    clock.advance(0.01)
+    m.round()
+  tokens = lambda: {r.request_id: r for r in m.snapshot()}[rid].num_generated  # noqa: E731
+  n = tokens()
   dup = [c for c in rep.chunks if c.request_id == rid]
-  ws_b = m.workers["b"]
-  for c in dup:
+  for c in dup:  # "b" owns it now and sends a chunk that does not start at the tokens so far
     c.start = max(n - 1, 0)
-    ws_b.assigned[rid] = None
-    m.requests[rid].owner = "b"
-    m.on_report(type(rep)("b", 1, [c], 0, -1, [], [], 4, np.zeros((0, 3))))
-  assert m.requests[rid].request.num_generated == n  # a duplicate never extends a response
-  m.requests[rid].owner = None
-  ws_b.assigned.pop(rid, None)
-  m.queue.appendleft(rid)
+    m.core.on_report(type(rep)("b", 1, [c], 0, -1, [], [], 4, np.zeros((0, 3))), clock.now())
+  assert tokens() == n  # a duplicate never extends a response
   check_complete(drain(m), reqs)
 
 
@@ -127,7 +128,7 @@ def _replacing(clock, **worker_kw):
   counter = {"n": 0}
 
   def replace(mgr, now):
-    if not mgr.workers:
+    if not len(mgr.fleet):
       counter["n"] += 1
       kw = {k: now + v for k, v in worker_kw.items()}  # lifetimes from the join
       mgr.add_worker(FakeWorker(f"d{counter['n']}", clock, latency=0.1, **kw))
@@ -145,7 +146,7 @@ def test_preemptions_do_not_count_against_a_request():
   reqs = make_requests(1, seed=5, max_new=40)
   m.submit(reqs)
   check_complete(drain(m), reqs)
-  assert m.stats.lost >= 3 and counter["n"] >= 4 and m.stats.migrated >= 3
+  assert m.fleet.stats.lost >= 3 and counter["n"] >= 4 and m.fleet.stats.migrated >= 3
 
 
 def test_worker_errors_count_against_the_request_and_name_it():
@@ -192,7 +193,7 @@ def test_worker_joining_mid_step_pulls_the_current_version_and_gets_work():
   out += drain(m)
   check_complete(out, reqs)
   assert joiner.version == 3 and joiner.generated > 0
-  assert [e for e in m.events if e[1] == "ready" and e[2] == "joiner"][0][3] == "3"
+  assert [e for e in m.fleet.events if e[1] == "ready" and e[2] == "joiner"][0][3] == "3"
 
 
 def test_balancer_moves_exactly_running_minus_plateau():
@@ -205,11 +206,11 @@ def test_balancer_moves_exactly_running_minus_plateau():
   reqs = [r for r in reqs if len(expected(r)) > 20]
   m.submit(reqs)
   out = m.poll(timeout=0.5)
-  assert not out and len(m.workers["busy"].running) == len(reqs)
+  assert not out and len(m.fleet["busy"].running) == len(reqs)
   m.add_worker(FakeWorker("idle", clock, num_slots=10, tokens_per_exchange=1))
   out = drain(m)
   check_complete(out, reqs)
-  moves = [e for e in m.events if e[1] == "move"]
+  moves = [e for e in m.fleet.events if e[1] == "move"]
   assert moves[0][2:] == ("busy", f"{len(reqs) - 3} running to idle"), moves
 
 
@@ -270,18 +271,18 @@ def test_migration_ablations_stay_correct_but_redo_decode_work(ablation):
   ws = [dying, FakeWorker("b", clock, num_slots=2, latency=0.1)]
   kw = {"migrate_tokens": False} if ablation == "restart_from_prompt" else {"trim_siblings": True}
   m = manager(ws[:1], clock, theta=4, balance=False, **kw)
-  m.add_tick_hook(lambda mgr, now: now > 0.2 and "b" not in mgr.workers and mgr.add_worker(ws[1]))
+  m.add_tick_hook(lambda mgr, now: now > 0.2 and "b" not in mgr.fleet and mgr.add_worker(ws[1]))
   reqs = make_requests(8, seed=2, max_new=20)
   for i, r in enumerate(reqs):
     r.group_id = i // 4  # two groups of four siblings
   m.submit(reqs)
   out = drain(m)
   check_complete(out, reqs)  # the same responses: randomness is per request and index
-  assert m.stats.tokens_discarded > 0
+  assert m.fleet.stats.tokens_discarded > 0
   redone = sum(w.generated for w in ws) - sum(len(c.request.tokens) for c in out)
-  assert redone == m.stats.tokens_discarded  # every discarded token was generated again
+  assert redone == m.fleet.stats.tokens_discarded  # every discarded token was generated again
   if ablation == "restart_from_prompt":
-    assert m.stats.tokens_kept == 0
+    assert m.fleet.stats.tokens_kept == 0
 
 
 class _SyncWorker(FakeWorker):

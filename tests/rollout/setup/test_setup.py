@@ -29,12 +29,12 @@ def test_the_factory_builds_each_kind_by_name_and_splits_the_slots_over_threads(
   one = make_client(setup, CFG, ec, options=ClientOptions(local_workers=1))
   two = make_client(setup, CFG, ec, options=ClientOptions(local_workers=2))
   try:
-    [w1] = [ws.worker for ws in one.workers.values()]
-    ws2 = [ws.worker for ws in two.workers.values()]
+    [w1] = list(one.handles.values())
+    ws2 = list(two.handles.values())
     assert isinstance(w1, InProcessWorker) and all(isinstance(w, ThreadWorker) for w in ws2)
     assert [w.server.engine_config.num_slots for w in ws2] == [2, 2]
     assert w1.server.engine_config.num_slots == 4
-    assert one.latest == -1 and two.latest == -1  # no weights: the caller publishes them
+    assert one.fleet.latest == -1 and two.fleet.latest == -1  # no weights: the caller publishes
   finally:
     one.close()
     two.close()
@@ -50,3 +50,10 @@ def test_a_trace_that_never_makes_an_instance_available_is_refused(tmp_path):
   ok = tmp_path / "counts.csv"
   ok.write_text("date, time, available\n2021-12-11, 10:00, 2\n2021-12-11, 10:01, 1\n")
   assert RolloutSetup(rollout="ray", preempt_trace=str(ok)).preempt_trace == str(ok)
+  huge = tmp_path / "huge.csv"  # a count of 1e9 instances built a billion events (a hang)
+  huge.write_text("0,1\n60,1e9\n")
+  with pytest.raises(ValueError, match=r"rollout.preempt_trace: .*huge.csv:2: 1,000,000,000 "
+                                       r"instances"):
+    RolloutSetup(rollout="ray", preempt_trace=str(huge))
+  with pytest.raises(ValueError, match="rollout.trace_time_scale must be a finite number > 0"):
+    RolloutSetup(rollout="ray", preempt_trace=str(ok), trace_time_scale=float("nan"))

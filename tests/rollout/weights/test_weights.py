@@ -32,6 +32,11 @@ def tree(seed: int, n: int = 4096):
   return params, moe
 
 
+def publish(store, version: int, t) -> None:
+  """Publishes `t = (params, moe_state)` as `version`."""
+  store.publish(t[0], version, t[1])
+
+
 def leaf_bytes(t):
   """The independent reference: (path, dtype, shape, raw bytes) of every leaf, by hand."""
   out = []
@@ -65,14 +70,14 @@ def url(request, tmp_path):
 def test_round_trip_bit_exact(url):
   store = TensorstoreWeightStore(url)
   t1, t2 = tree(1), tree(2)
-  store.publish(1, *t1)
-  store.publish(2, t2[0], None)
+  publish(store, 1, t1)
+  store.publish(t2[0], 2, None)
   store.wait()
-  ref = pickle.loads(pickle.dumps(store.ref(1)))  # what crosses to a worker process
-  assert_same(ref.fetch(), t1)
-  p, m = open_latest(url).fetch()
+  ref = pickle.loads(pickle.dumps(store.published(1)))  # what crosses to a worker process
+  assert_same(ref.load(), t1)
+  p, m = open_latest(url).load()
   assert m is None and leaf_bytes(p) == leaf_bytes(t2[0])
-  assert store.ref(2).nbytes == sum(len(b) for *_, b in leaf_bytes(t2[0]))
+  assert store.published(2).nbytes == sum(len(b) for *_, b in leaf_bytes(t2[0]))
   store.close()
 
 
@@ -83,12 +88,12 @@ def test_publish_copies_and_commits_in_background(tmp_path, monkeypatch):
   monkeypatch.setattr(store, "_put", lambda k, v: (gate.wait(10), put(k, v))[1])
   params, moe = tree(3)
   want = leaf_bytes((params, moe))
-  store.publish(3, params, moe)  # returns while the writer is blocked
+  store.publish(params, 3, moe)  # returns while the writer is blocked
   params["layers"][0]["w"][:] = 0  # the caller reuses its buffer
-  assert store.ref(3) is None and store.latest() is None and open_latest(tmp_path) is None
+  assert store.published(3) is None and store.latest() is None and open_latest(tmp_path) is None
   gate.set()
   store.wait()
-  assert leaf_bytes(store.ref(3).fetch()) == want and store.latest() == 3
+  assert leaf_bytes(store.published(3).load()) == want and store.latest() == 3
 
 
 def test_reader_racing_writer_never_sees_a_partial_version(tmp_path, monkeypatch):
@@ -99,7 +104,7 @@ def test_reader_racing_writer_never_sees_a_partial_version(tmp_path, monkeypatch
 
   def writer():
     for v in expect:
-      store.publish(v, *tree(v, n=1 << 17))
+      publish(store, v, tree(v, n=1 << 17))
       store.gc(in_use=[])  # deletes versions under the readers' feet
     store.wait()
     done.set()
@@ -110,7 +115,7 @@ def test_reader_racing_writer_never_sees_a_partial_version(tmp_path, monkeypatch
       if ref is None:
         continue
       try:
-        got = ref.fetch()
+        got = ref.load()
       except CorruptWeightsError as e:  # allowed only when gc won the race, i.e. v is not newest
         errors.append((ref.version, open_latest(tmp_path).version, str(e)))
         continue
@@ -124,7 +129,7 @@ def test_reader_racing_writer_never_sees_a_partial_version(tmp_path, monkeypatch
     t.join(60)
   assert done.is_set() and len(set(seen)) >= 2, (seen, errors)
   assert all(v < newest and "missing" in e for v, newest, e in errors), errors
-  assert leaf_bytes(open_latest(tmp_path).fetch()) == expect[15]
+  assert leaf_bytes(open_latest(tmp_path).load()) == expect[15]
 
 
 def _manifest(root, v):
@@ -154,9 +159,9 @@ def _flip(name, offset):
 def test_damage_is_detected(tmp_path, monkeypatch, damage, match):
   monkeypatch.setattr(weights_io, "CHUNK_BYTES", 1024)
   store = TensorstoreWeightStore(tmp_path)
-  store.publish(1, *tree(1))
+  publish(store, 1, tree(1))
   store.wait()
-  ref = store.ref(1)
+  ref = store.published(1)
   name = _array_file(tmp_path, 1, "[0]['layers'][0]['w']")
   mpath = os.path.join(tmp_path, "v1", "manifest.json")
   if damage == "flip":
@@ -170,13 +175,13 @@ def test_damage_is_detected(tmp_path, monkeypatch, damage, match):
   else:
     _flip(mpath, 20)
   with pytest.raises(CorruptWeightsError, match=match):
-    ref.fetch()
+    ref.load()
 
 
 def test_damage_is_detected_on_other_kvstores(tmp_path):
   url = f"memory://{tmp_path.name}/"
   store = TensorstoreWeightStore(url)
-  store.publish(1, *tree(1))
+  publish(store, 1, tree(1))
   store.wait()
   kv = ts_weights._kvstore(store.url)
   m = json.loads(kv["v1/manifest.json"])
@@ -185,16 +190,16 @@ def test_damage_is_detected_on_other_kvstores(tmp_path):
   value[5] ^= 1
   kv[key] = bytes(value)
   with pytest.raises(CorruptWeightsError, match=r"version 1 .*\[1\]\.q bytes \[0,.*crc32"):
-    store.ref(1).fetch()
+    store.published(1).load()
   kv[key] = bytes(value[:-4])
   with pytest.raises(CorruptWeightsError, match=r"\[1\]\.q is truncated \(20 of 24 bytes\)"):
-    store.ref(1).fetch()
+    store.published(1).load()
 
 
 @pytest.mark.parametrize("fail_at", ["v2/a1", "v2/manifest.json", "LATEST"])
 def test_crash_mid_publish_never_moves_latest(tmp_path, monkeypatch, fail_at):
   store = TensorstoreWeightStore(tmp_path)
-  store.publish(1, *tree(1))
+  publish(store, 1, tree(1))
   store.wait()
   put = store._put
 
@@ -203,12 +208,12 @@ def test_crash_mid_publish_never_moves_latest(tmp_path, monkeypatch, fail_at):
       raise OSError(f"disk full writing {key}")
     return put(key, value)
   monkeypatch.setattr(store, "_put", failing)
-  store.publish(2, *tree(2))
+  publish(store, 2, tree(2))
   with pytest.raises(WeightPublishError, match=f"version 2 .*disk full writing {fail_at}"):
     store.wait()
-  assert store.ref(2) is None and store.latest() == 1
+  assert store.published(2) is None and store.latest() == 1
   assert open_latest(tmp_path).version == 1
-  assert_same(open_latest(tmp_path).fetch(), tree(1))
+  assert_same(open_latest(tmp_path).load(), tree(1))
   store.wait()  # the failure is reported once
   # The failed publish deleted what it wrote (issue 44: no partial version left).
   assert sorted(os.listdir(tmp_path)) == ["LATEST", "v1"]
@@ -218,60 +223,60 @@ def test_crash_mid_publish_never_moves_latest(tmp_path, monkeypatch, fail_at):
   (tmp_path / "v2" / "a0").write_bytes(b"half")
   monkeypatch.undo()
   again = TensorstoreWeightStore(tmp_path)
-  assert again.latest() == 1 and again.ref(2) is None
-  again.publish(3, *tree(3))
+  assert again.latest() == 1 and again.published(2) is None
+  publish(again, 3, tree(3))
   again.wait()
   assert again.gc(in_use=[]) == [1, 2]
   assert sorted(os.listdir(tmp_path)) == ["LATEST", "v3"]
-  assert_same(again.ref().fetch(), tree(3))
+  assert_same(again.published().load(), tree(3))
 
 
 def test_gc_keeps_newest_and_in_use(tmp_path):
   store = TensorstoreWeightStore(tmp_path)
   for v in range(1, 5):
-    store.publish(v, *tree(v))
+    publish(store, v, tree(v))
   store.wait()
-  old = store.ref(1)
+  old = store.published(1)
   assert store.gc(in_use=[2]) == [1, 3]
-  assert store.ref(1) is None and store.ref(3) is None and store.latest() == 4
+  assert store.published(1) is None and store.published(3) is None and store.latest() == 4
   assert sorted(os.listdir(tmp_path)) == ["LATEST", "v2", "v4"]
-  assert_same(store.ref(2).fetch(), tree(2))
+  assert_same(store.published(2).load(), tree(2))
   with pytest.raises(CorruptWeightsError, match="version 1 .*missing"):
-    old.fetch()  # a reader holding a collected version fails cleanly
+    old.load()  # a reader holding a collected version fails cleanly
   assert store.gc(in_use=[]) == [2] and store.gc(in_use=[]) == []
-  assert_same(store.ref(4).fetch(), tree(4))
+  assert_same(store.published(4).load(), tree(4))
 
 
 def test_reopen_resumes_versions(tmp_path):
   first = TensorstoreWeightStore(tmp_path)
-  first.publish(1, *tree(1))
-  first.publish(2, *tree(2))
+  publish(first, 1, tree(1))
+  publish(first, 2, tree(2))
   first.close()
   store = TensorstoreWeightStore(tmp_path)
   assert store.latest() == 2
-  assert_same(store.ref(1).fetch(), tree(1))  # its ref is rebuilt from the manifest
-  store.publish(3, *tree(3))
+  assert_same(store.published(1).load(), tree(1))  # its ref is rebuilt from the manifest
+  publish(store, 3, tree(3))
   with pytest.raises(ValueError, match="not newer than 3"):  # increasing within one opening
-    store.publish(3, *tree(3))
+    publish(store, 3, tree(3))
   store.close()
   # A run resumed from an earlier checkpoint publishes version 2 again (issue 44: refused,
   # "weight version 2 is not newer than 3"): versions 2 and 3 of the earlier opening are dropped.
   resumed = TensorstoreWeightStore(tmp_path)
-  resumed.publish(2, *tree(7))
+  publish(resumed, 2, tree(7))
   resumed.wait()
   assert resumed.latest() == 2 and open_latest(tmp_path).version == 2
-  assert_same(resumed.ref(2).fetch(), tree(7))
+  assert_same(resumed.published(2).load(), tree(7))
   assert sorted(os.listdir(tmp_path)) == ["LATEST", "v1", "v2"]
 
 
 def test_memory_store_is_zero_copy_and_refuses_to_pickle():
   store = MemoryWeightStore()
   params, moe = tree(1)
-  store.publish(1, params, moe)
-  p, m = store.ref(1).fetch()
+  store.publish(params, 1, moe)
+  p, m = store.published(1).load()
   assert p is params and m is moe
   with pytest.raises(TypeError, match="only serves workers in the trainer's process.*ray"):
-    pickle.dumps(store.ref(1))
+    pickle.dumps(store.published(1))
 
 
 def test_factory(tmp_path, monkeypatch):
@@ -304,7 +309,7 @@ def test_a_store_that_does_not_answer_fails_within_its_deadline(tmp_path, monkey
   store = TensorstoreWeightStore(tmp_path)
   put = store._put
   monkeypatch.setattr(store, "_put", lambda k, v: cf.Future() if k == "v1/a1" else put(k, v))
-  store.publish(1, *tree(1))
+  publish(store, 1, tree(1))
   with pytest.raises(WeightPublishError, match=r"version 1 .*did not answer .*writing v1/a1"):
     store.wait()
   assert store.latest() is None and os.listdir(tmp_path) == []
@@ -315,7 +320,7 @@ def test_a_full_disk_fails_the_publish_and_leaves_no_partial_version(tmp_path):
   big = {"w": np.random.default_rng(0).standard_normal((256, 1024)).astype(np.float32)}  # 1 MiB
   with full_disk(tmp_path / "disk", "300k") as disk:
     store = TensorstoreWeightStore(disk)
-    store.publish(1, big)
+    store.publish(big, 1)
     with pytest.raises(WeightPublishError, match="version 1 .*No space left on device"):
       store.wait()
     assert os.listdir(disk) == [] and store.latest() is None

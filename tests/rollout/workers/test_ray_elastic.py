@@ -46,22 +46,22 @@ def test_sigkill_mid_generation_keeps_every_token(ray_session):  # pylint: disab
   deadline = time.monotonic() + 240
   while m.num_pending() and time.monotonic() < deadline:
     out += m.poll(min_count=1, timeout=0.2)
-    ws = m.workers.get(victim.worker_id)
-    if held is None and ws is not None and any(
-        m.requests[r].request.num_generated for r in ws.assigned if r in m.requests):
-      held = {r: m.requests[r].request.num_generated for r in ws.assigned}
+    ws = m.fleet.get(victim.worker_id)
+    tokens = {r.request_id: r.num_generated for r in m.snapshot()}
+    if held is None and ws is not None and any(tokens.get(r, 0) for r in ws.assigned):
+      held = {r: tokens[r] for r in ws.assigned}
       os.kill(victim.pid(), signal.SIGKILL)  # its pid, from the actor: a real preemption
   assert held is not None, "the victim never held a partly generated request"
   _check(out, reqs)
-  assert [e[2] for e in m.events if e[1] == "lost"] == [victim.worker_id]
+  assert [e[2] for e in m.fleet.events if e[1] == "lost"] == [victim.worker_id]
   kept = 0
   for rid, n in held.items():
-    prov = m.provenance(rid)
+    prov = m.fleet.provenance(rid)
     if n:  # generated before the kill: kept, and the next worker continued from there
       assert prov[0][0] == victim.worker_id and prov[0][2] >= n, prov
       kept += prov[0][2]
       assert all(p[0] != victim.worker_id for p in prov[1:]) and prov[1][1] == prov[0][2]
-  assert m.stats.tokens_kept == kept > 0
+  assert m.fleet.stats.tokens_kept == kept > 0
   # The survivors produced exactly the tokens the victim had not: nothing regenerated.
   survivors = sum(w.stats()["generated_tokens"] for w in workers[1:])
   assert survivors == sum(len(c.request.tokens) for c in out) - kept
@@ -81,9 +81,9 @@ def test_worker_joining_mid_step_pulls_current_weights_and_takes_work(ray_sessio
   while m.num_pending():
     out += m.poll(min_count=1, timeout=60.0)
   _check(out, reqs)
-  ready = [e for e in m.events if e[1] == "ready" and e[2] == "j1"]
+  ready = [e for e in m.fleet.events if e[1] == "ready" and e[2] == "j1"]
   assert ready and ready[0][3] == "2"
-  assert any(seg[0] == "j1" for c in out for seg in m.provenance(c.request_id))
+  assert any(seg[0] == "j1" for c in out for seg in m.fleet.provenance(c.request_id))
   for c in out:
     assert (c.request.versions == 2).all()
   m.close()

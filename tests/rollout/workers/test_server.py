@@ -8,7 +8,7 @@ from tests.rollout import common
 
 def _run(delay):
   server = WorkerServer("w", common.CFG, common.engine_config(common.GREEDY), token_delay=delay)
-  server.swap(0, common.params(), None, 0.0)
+  server.loaded(0, common.params(), None, 0.0)
   releases = []  # tokens buffered at each on_progress call
   server.on_progress = lambda: releases.append(sum(len(c.tokens) for c in server._chunks))  # pylint: disable=protected-access
   server.submit(common.make_requests(3, seed=5))
@@ -44,7 +44,7 @@ def test_delayed_tokens_stream_per_position_and_equal_the_undelayed_step():
 
 def test_idle_warmup_serves_at_once_and_compiles_the_rest_while_idle():
   server = WorkerServer("w", common.CFG, common.engine_config(common.GREEDY), warmup="idle")
-  server.swap(0, common.params(), None, 0.0)
+  server.loaded(0, common.params(), None, 0.0)
   assert server.version == 0 and server.engine._warmed == 0  # ready before any compile  # pylint: disable=protected-access
   server.submit(common.make_requests(2, seed=3))
   assert not server.warm_when_idle()  # work first: no warm-up while requests wait

@@ -36,7 +36,7 @@ import atexit, sys, threading
 atexit.register(lambda: print("alive at exit:", sorted(
     t.name for t in threading.enumerate() if t.name.startswith("rollout-") and t.is_alive()),
     flush=True))
-from jaxrl_sys.rollout import RolloutManager, ThreadWorker
+from jaxrl_sys.rollout import Commands, RolloutManager, ThreadWorker
 from tests.rollout import common
 ws = [ThreadWorker(f"w{i}", common.CFG, common.engine_config(), token_delay=0.1)
       for i in range(2)]
@@ -45,7 +45,7 @@ m.publish(common.params(), 0)
 m.submit(common.make_requests(4, seed=5))
 m.poll(min_count=1, timeout=120.0)
 for w in ws:  # an exchange in flight on each thread, as when an error leaves a round midway
-  w.send(m.workers[w.worker_id].take_commands())
+  w.send(Commands())
 print("exiting with", m.num_pending(), "requests generating", flush=True)
 sys.exit(0)  # no close()
 """

@@ -33,9 +33,9 @@ def test_two_thread_workers_match_the_reference_and_repeat_exactly():
     m.submit(common.make_requests(12, seed=41, group=2))   # fresh requests: submit fills them
     out = _drain(m)
     common.assert_matches(out, ref)
-    assert {m.provenance(c.request_id)[0][0] for c in out} == {"t0", "t1"}  # both generated
+    assert {m.fleet.provenance(c.request_id)[0][0] for c in out} == {"t0", "t1"}  # both generated
     runs.append(({c.request_id: c.request.logprobs for c in out},
-                 {c.request_id: m.provenance(c.request_id) for c in out}))
+                 {c.request_id: m.fleet.provenance(c.request_id) for c in out}))
     m.close()
   (lp_a, prov_a), (lp_b, prov_b) = runs
   assert prov_a == prov_b                      # the same dispatch and moves, token for token
@@ -52,7 +52,7 @@ def test_a_killed_thread_worker_hands_over_every_token():
   ws[0].kill()
   out = done + _drain(m)
   common.assert_matches(out, ref)
-  assert m.stats.lost == 1 and m.stats.migrated >= 1
+  assert m.fleet.stats.lost == 1 and m.fleet.stats.migrated >= 1
   m.close()
 
 

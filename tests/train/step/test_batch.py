@@ -39,6 +39,24 @@ def test_pack_aligns_targets_and_response_masks():
     np.testing.assert_array_equal(getattr(tight, name)[0], getattr(b, name)[0, :5], name)
 
 
+
+def test_pack_moves_routes_with_their_tokens_and_leaves_the_rest_live():
+  """Routes of position i (the experts that fed token i) land at row position i; the last
+  response token (never fed), padding, padding rows and samples without routes route live."""
+  rng = np.random.default_rng(0)
+  s = Sample(np.array([1, 7, 8]), np.array([4, 5, 2]), np.zeros(3, np.float32), np.zeros(3),
+             advantage=1.0, routes=rng.integers(0, 8, (5, 2, 2)).astype(np.uint8))
+  bare = Sample(np.array([1, 9]), np.array([6]), np.zeros(1, np.float32), np.zeros(1), 0.0)
+  b = pack([s, bare], rows=3, seq_len=8, route_shape=(2, 2, np.uint8))
+  assert b.routes.shape == (3, 8, 2, 2) and b.routes.dtype == np.uint8
+  np.testing.assert_array_equal(b.routes[0, :5], s.routes)
+  np.testing.assert_array_equal(b.route_mask, [[1] * 5 + [0] * 3, [0] * 8, [0] * 8])
+  assert not b.routes[1:].any() and stack([b, b]).routes.shape == (2, 3, 8, 2, 2)
+  assert pack([s], rows=1, seq_len=8).routes is None          # no replay: no routes
+  with pytest.raises(ValueError, match=r"expected \[prompt \+ response - 1 = 5, 2, 2\]"):
+    pack([Sample(s.prompt, s.tokens, s.logprobs, s.versions, 1.0, routes=s.routes[:4])], 1, 8,
+         route_shape=(2, 2, np.uint8))
+
 def test_request_keys_match_request_key():
   ids = [0, 1, 5, 77, 123456]
   for seed in (0, 9):
