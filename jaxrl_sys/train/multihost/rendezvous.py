@@ -127,8 +127,10 @@ class Rendezvous:
       left = deadline - time.monotonic()
       if left <= 0:
         missing = [i for i in range(1, self.count) if i not in hellos]
+        who = (f"process {missing[0]}" if len(missing) == 1 else
+               f"processes {', '.join(map(str, missing))}")
         raise JoinError(
-            f"process(es) {missing} of {self.count} did not join within "
+            f"{who} of {self.count} did not join within "
             f"distributed.timeout={self.timeout:g} s (not started, or they cannot reach "
             f"{self.host}:{self.port}); start every process with the same "
             "--coordinator_address and --num_processes and its own --process_id")

@@ -51,7 +51,7 @@ def test_different_settings_stop_every_process_naming_them():
 
 def test_a_missing_process_or_coordinator_is_named_within_the_timeout():
   address = f"127.0.0.1:{_port()}"
-  with pytest.raises(JoinError, match=r"process\(es\) \[1\] of 2 did not join within "
+  with pytest.raises(JoinError, match=r"process 1 of 2 did not join within "
                                       r"distributed.timeout=0.5 s"):
     Rendezvous(address, 0, 2, SETTINGS, timeout=0.5).join()
   with pytest.raises(JoinError, match=r"process 0 \(the coordinator\) at 127.0.0.1:\d+ did not "
