@@ -59,7 +59,8 @@ class ApiCases(ProbeBase):
       p.send_signal(signal.SIGTERM)
     r = grpo([f"--out_dir={out}"], act=act)
     ok = os.path.exists(f"{out}/final_params.npz") and _rows(out) == [1, 2]
-    return verdict(r, ok and r.rc in (0, 143)), f"rc {r.rc}"
+    # 143 from a shell is -15 here (ended by the signal): either way nothing is lost
+    return verdict(r, ok and r.rc in (0, 143, -signal.SIGTERM)), f"rc {r.rc}"
 
   def case_n125(self):
     """N125 signals: SIGHUP at step 2 (a closed SSH terminal)"""

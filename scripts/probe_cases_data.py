@@ -173,12 +173,12 @@ class DataCases(ProbeBase):
   def case_n92(self):
     """N92 data: --eval_prompts=100 on 100 rows"""
     return self._data_case("n92", self._rows_text(self._sum_rows(100)),
-                           args=["--eval_every=1", "--eval_prompts=100"], error=r"eval_prompts")
+                           args=["--eval_every=1", "--eval_prompts=100"], error=r"eval.prompts")
 
   def case_n93(self):
     """N93 data: --eval_prompts=-5"""
     return self._data_case("n93", self._rows_text(self._sum_rows()),
-                           args=["--eval_every=1", "--eval_prompts=-5"], error=r"eval_prompts")
+                           args=["--eval_every=1", "--eval_prompts=-5"], error=r"eval.prompts")
 
   def case_j9(self):
     """J9 data: prompts with characters the tiny HF model's tokenizer does not know"""
@@ -204,7 +204,7 @@ class DataCases(ProbeBase):
 
   def case_n95(self):
     """N95 sim: bamboo trace with time going back"""
-    t = self._trace("n95", "time,node,action\n10,a,add\n5,b,add\n")
+    t = self._trace("n95", "10,add,a\n5,add,b\n")  # <ms>,<action>,<node>
     return self._sim("n95", [f"--trace={t}"], r"backwards")
 
   def case_n96(self):
@@ -231,14 +231,17 @@ class DataCases(ProbeBase):
 
   def case_n101(self):
     """N101 sim: a bamboo trace that only removes"""
-    t = self._trace("n101", "time,node,action\n0,a,remove\n10,b,remove\n")
+    t = self._trace("n101", "0,remove,a\n10,remove,b\n")
     return self._sim("n101", [f"--trace={t}"], r"not live")
 
   def case_n102(self):
     """N102 sim: ISO counts trace with a line going back"""
     t = self._trace("n102", "timestamp,count\n2024-01-01T00:00:00,2\n2024-01-01T01:00:00,3\n"
                     "2024-01-01T00:30:00,1\n2024-01-01T02:00:00,2\n")
-    return self._sim("n102", [f"--trace={t}"], r"back|baseline")
+    # the counts format's documented rule (trace_formats): a line going back in time drops the
+    # points after it; the run then completes (it ended in a traceback before)
+    r = run([*SIM, f"--out_dir={self.d('n102')}", f"--trace={t}"], timeout=150)
+    return verdict(r, r.rc == 0, error=None if r.rc == 0 else r"back|baseline"), first_error(r)
 
   def case_n103(self):
     """N103 sim: counts trace 0,1e9"""
@@ -257,14 +260,15 @@ class DataCases(ProbeBase):
 
   def case_n106(self):
     """N106 sim: skypilot with data: []"""
-    t = self.write("n106.json", json.dumps({"gap_seconds": 60, "data": []}))
+    t = self.write("n106.json", json.dumps({"metadata": {"gap_seconds": 60}, "data": []}))
     return self._sim("n106", [f"--trace={t}", "--trace_format=skypilot"], r"nothing to replay",
                      codes=(1, 2))
 
   def case_n107(self):
     """N107 sim: a bamboo file with --trace_format=parcae"""
-    t = self._trace("n107", "time,node,action\n0,a,add\n10,b,add\n")
-    return self._sim("n107", [f"--trace={t}", "--trace_format=parcae"], r"parcae")
+    t = self._trace("n107", "0,add,a\n10,add,b\n")
+    return self._sim("n107", [f"--trace={t}", "--trace_format=parcae"],
+                     r"parcae|expected \[ms, action")
 
   def case_n108(self):
     """N108 sim: --trace_format=xml"""
@@ -272,8 +276,12 @@ class DataCases(ProbeBase):
 
   def case_n109(self):
     """N109 sim: --trace_time_scale=1e12 --segments=0"""
-    return self._sim("n109", ["--trace_time_scale=1e12", "--segments=0"], r"trace_time_scale",
-                     timeout=120)
+    # it hung; finishing (a trace replayed that slowly stays as it starts) or a clear refusal of
+    # the scale is fine
+    r = run([*SIM, f"--out_dir={self.d('n109')}", "--trace_time_scale=1e12", "--segments=0"],
+            timeout=120)
+    return verdict(r, r.rc == 0, error=None if r.rc == 0 else r"trace_time_scale"), (
+        first_error(r))
 
   def case_n110(self):
     """N110 sim: --trace_time_scale=0 / -1 / nan"""
@@ -303,7 +311,8 @@ class DataCases(ProbeBase):
 
   def case_n115(self):
     """N115 sim: --segment_hours=0"""
-    return self._sim("n115", ["--segment_hours=0"], r"must be > 0", codes=(1, 2))
+    return self._sim("n115", ["--segment_hours=0"], r"must be (a finite number )?> 0",
+                     codes=(1, 2))
 
   def case_n116(self):
     """N116 sim: --length_median=-5"""

@@ -237,7 +237,7 @@ class JobCases(ProbeBase):
   def case_j14(self):
     """J14 ray: chaos prints one line per kill / join / migration"""
     r, out = self._chaos("j14", 3, 0.5, 3)
-    kills = len(re.findall(r"^chaos: .*kill", r.err, flags=re.M))
+    kills = len(re.findall(r"^(?:fleet|chaos): .*kill", r.err, flags=re.M))
     ok = r.rc == 0 and kills >= 1 and len(_rows(out)) == 3
     return verdict(r, ok), f"rc {r.rc} in {r.seconds:.0f} s, {kills} kill lines, rows {_rows(out)}"
 
