@@ -281,21 +281,29 @@ except ValueError as e:
     _, bf16 = self.hf()
     out, hf = self.d("j8"), self.d("j8hf")
     r = grpo([f"--model={bf16}", f"--task=jsonl:{self.sums}", "--learning_rate=1e-6",
-              f"--out_dir={out}", f"--export_hf={hf}"], steps=8, timeout=300)
+              "--sft_steps=5", f"--out_dir={out}", f"--export_hf={hf}"], steps=8, timeout=300)
     code = f"""
 import numpy as np, jax
 from jaxrl_sys.models import load_hf_checkpoint
 _, a = load_hf_checkpoint({bf16!r}); _, b = load_hf_checkpoint({hf!r})
 with np.load({out + '/final_params.npz'!r}) as z: trained = dict(z)
-la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-moved = sum(int((np.asarray(x) != np.asarray(y)).sum()) for x, y in zip(la, lb))
-print("RESULT", moved, sum(x.size for x in la))
+key = lambda kp: "/".join(str(getattr(k, "key", k)) for k in kp)
+fa = {{key(kp): np.asarray(v) for kp, v in jax.tree_util.tree_flatten_with_path(a)[0]}}
+fb = {{key(kp): np.asarray(v) for kp, v in jax.tree_util.tree_flatten_with_path(b)[0]}}
+moved = sum(int((fa[k] != fb[k]).sum()) for k in fa)
+trained_moved = sum(int((fa[k] != trained[k]).sum()) for k in fa)
+kept = sum(int((fb[k] == trained[k]).sum()) for k in fa)
+print("RESULT", moved, trained_moved, kept, sum(x.size for x in fa.values()))
 """
     c = py(code, timeout=200)
-    res = next((s for s in c.err.splitlines() if s.startswith("RESULT")), "RESULT 0 1")
-    moved, total = map(int, res.split()[1:])
-    return verdict(r, r.rc == 0 and moved > 0.9 * total), (
-        f"rc {r.rc}: the export differs from the input in {moved} of {total} parameters")
+    res = next((s for s in c.err.splitlines() if s.startswith("RESULT")), "RESULT 0 0 0 1")
+    moved, trained_moved, kept, total = map(int, res.split()[1:])
+    # the export keeps the training: it equals the trained float32 masters, so it differs from
+    # the input wherever training moved a parameter
+    ok = r.rc == 0 and kept == total and moved == trained_moved and trained_moved > 0
+    return verdict(r, ok), (f"rc {r.rc}: training moved {trained_moved} of {total} parameters; "
+                            f"the export differs from the input in {moved}, equals the trained "
+                            f"masters in {kept}")
 
   def case_j10(self):
     """J10 journeys: models.save_hf_checkpoint(..., dtype=jnp.float32)"""

@@ -79,7 +79,7 @@ def start_head(*, num_cpus: int, object_store_memory: int, timeout: float = 60.0
                           start_new_session=True, env=dict(
                               os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled"))
   _HEAD.update(proc=proc, address=f"127.0.0.1:{port}", log=log, temp_dir=temp_dir)
-  atexit.register(stop_head)
+  atexit.register(_disconnect_and_stop)
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
     if proc.poll() is not None:
@@ -95,6 +95,19 @@ def start_head(*, num_cpus: int, object_store_memory: int, timeout: float = 60.0
   stop_head()
   raise RuntimeError(f"the local Ray head did not accept connections on port {port} within "
                      f"{timeout:g} s")
+
+
+def _disconnect_and_stop() -> None:
+  """At exit: the driver leaves Ray, then the head stops. Ray's own exit hook (registered when
+  `ray` is imported, so it runs after this one) would otherwise find the head gone and wait a
+  minute for its GCS before ending the process with status 1 (a run refused with exit 2 right
+  after Ray started exited 1, 60 s later)."""
+  ray = sys.modules.get("ray")
+  try:
+    if ray is not None and ray.is_initialized():
+      ray.shutdown()
+  finally:
+    stop_head()
 
 
 def stop_head(grace: float = 10.0) -> None:
