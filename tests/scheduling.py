@@ -22,7 +22,8 @@ SHARED_GROUPS = {
             "tests/train/loop/test_offload_loop.py",
             "tests/train/loop/test_elastic_loop.py",
             "tests/notebooks/test_notebook_elastic.py",
-            "tests/experiments/test_grpo_ray_cli.py"),
+            "tests/experiments/test_grpo_ray_cli.py",
+            "tests/agents/test_ray_episodes.py"),
 }
 
 # The longest units, in seconds of one worker (2 cores, a cold compile cache, measured

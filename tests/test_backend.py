@@ -98,3 +98,53 @@ def test_moe_config_names_the_grouped_matmul_impls():
     MoEConfig(grouped_matmul_impl=impl)
   with pytest.raises(ValueError, match="grouped_matmul_impl"):
     MoEConfig(grouped_matmul_impl="triton")
+
+
+# The GPU rows by compute capability, written out independently of `backend.GPU_BY_CAPABILITY`:
+# below sm80 no Pallas (Triton) kernel, no cuDNN flash attention, float32 compute.
+PRE_AMPERE = dict(fused_logprobs="xla_tokens", flash_attention="xla", decode_attention="xla",
+                  grouped_matmul="xla_tiled")
+
+
+@pytest.mark.parametrize("cap,want,dtype", [
+    ("7.5", PRE_AMPERE, "float32"), ((7, 0), PRE_AMPERE, "float32"),    # T4, V100
+    ("6.1", PRE_AMPERE, "float32"),
+    ("8.0", EXPECTED["gpu"], "bfloat16"), ("8.6", EXPECTED["gpu"], "bfloat16"),   # A100, A10
+    ("8.9", EXPECTED["gpu"], "bfloat16"), ((9, 0), EXPECTED["gpu"], "bfloat16"),  # L4, H100
+    ("10.0", EXPECTED["gpu"], "bfloat16"),
+    (None, EXPECTED["gpu"], "bfloat16"), ("gfx90a", EXPECTED["gpu"], "bfloat16")])  # unknown
+def test_gpu_choice_by_compute_capability(cap, want, dtype):
+  for kernel, impl in want.items():
+    for dt in (jnp.bfloat16, jnp.float16, jnp.float32):
+      got = backend.kernel_impl(kernel, backend="gpu", capability=cap, dtype=dt, head_dim=64)
+      if (kernel, impl, dt) == ("flash_attention", "cudnn", jnp.float32):
+        impl = "pallas"    # cuDNN takes half precision only (sm80+ fallback)
+      assert got == impl, (cap, kernel, dt)
+      assert "pallas" not in got or want is not PRE_AMPERE
+    for forced in backend.KERNELS[kernel]:    # an explicit impl is never overridden
+      assert backend.kernel_impl(kernel, forced, backend="gpu", capability=cap) == forced
+  assert backend.compute_dtype("gpu", capability=cap) == dtype
+  described = backend.describe("gpu", capability=cap)
+  assert described["compute_dtype"] == dtype and described["flash_attention"] == (
+      "xla" if want is PRE_AMPERE else "cudnn")
+
+
+class _FakeDevice:
+  def __init__(self, compute_capability):
+    self.compute_capability = compute_capability
+
+
+def test_capability_read_from_the_device(monkeypatch):
+  assert backend.device_capability(_FakeDevice("7.5")) == (7, 5)
+  assert backend.device_capability(object()) is None           # CPU / TPU: no capability
+  assert backend.parse_capability(8.6) == (8, 6) and backend.parse_capability("9") == (9, 0)
+  # The default device is read when neither backend nor capability is given.
+  monkeypatch.setattr(backend, "platform", lambda b=None: "gpu")
+  monkeypatch.setattr(jax, "devices", lambda *a: [_FakeDevice("7.5")])
+  assert backend.kernel_impl("grouped_matmul") == "xla_tiled"
+  assert backend.kernel_impl("flash_attention", dtype=jnp.bfloat16, head_dim=64) == "xla"
+  assert backend.compute_dtype() == "float32"
+  assert backend.describe()["capability"] == "7.5"
+  monkeypatch.setattr(jax, "devices", lambda *a: [_FakeDevice("9.0")])
+  assert backend.kernel_impl("grouped_matmul") == "pallas"
+  assert backend.compute_dtype() == "bfloat16"

@@ -22,6 +22,7 @@ LAYERS = (
     ("jaxrl_sys.models",),
     ("jaxrl_sys.tasks",),
     ("jaxrl_sys.rollout",),
+    ("jaxrl_sys.agents",),  # multi-turn episodes over a rollout session (tasks' envs)
     ("jaxrl_sys.sim",),
     ("jaxrl_sys.train.step", "jaxrl_sys.train.precision"),
     ("jaxrl_sys.train.multihost",),
@@ -206,11 +207,11 @@ def test_a_planted_upward_import_fails_the_layer_check(tmp_path):
     layer_of("jaxrl_sys.newwing.module")
 
 
-def test_manager_elastic_and_simulator_import_without_jax():
+def test_manager_elastic_simulator_and_agents_import_without_jax():
   code = ("import sys, jaxrl_sys.sim, jaxrl_sys.rollout.manager, jaxrl_sys.rollout.elastic.offload,"
           " jaxrl_sys.rollout.elastic.fleet, jaxrl_sys.rollout.elastic.schedules,"
           " jaxrl_sys.rollout.workers, jaxrl_sys.rollout.weights, jaxrl_sys.rollout,"
-          " jaxrl_sys.rollout.setup.spec\n"
+          " jaxrl_sys.rollout.setup.spec, jaxrl_sys.agents\n"
           "from jaxrl_sys.rollout import RolloutManager, ManagerConfig, Request, WorkerLost\n"
           "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'flax')))\n"
           "assert not bad, bad[:5]\n"

@@ -160,6 +160,17 @@ def decode_windows(filled: int, max_steps: int, cache_len: int, min_segment: int
   return tuple((e, min(cache_len, filled + e)) for e in ends)
 
 
+def _record(step, tok, lp, toks, lps, lengths, done, finished, stop_tokens):
+  """Writes response token `step` of the rows not done; returns the new arrays and the token
+  each row feeds next (0 for rows already done)."""
+  live = ~done
+  toks = toks.at[:, step].set(jnp.where(live, tok, 0))
+  lps = lps.at[:, step].set(jnp.where(live, lp, 0.0))
+  lengths = lengths + live.astype(jnp.int32)
+  stop = live & is_stop_token(tok, stop_tokens)
+  return toks, lps, lengths, done | stop, finished | stop, jnp.where(live, tok, 0)
+
+
 def decode_loop(params, config: ModelConfig, sampling: SamplingConfig, cache: kvc.KVCache,
                 first_logits, keys, start_index, done, max_steps: int,
                 windows: tuple[tuple[int, int], ...] | None = None, moe_state=None):
@@ -171,33 +182,33 @@ def decode_loop(params, config: ModelConfig, sampling: SamplingConfig, cache: kv
   cache every step. `moe_state`: an MoE policy's balancing state (None = zeros). Returns
   GenerateOutput of width `max_steps` (the tokens produced by this
   loop only).
+
+  Token 0 is sampled from `first_logits`; each step of the loop then feeds the previous token
+  and samples the next from the logits it gives (the rollout engine's pending-token order), so
+  the loop carries one token per row rather than `[batch, vocab]` logits, and no forward runs
+  for a token that is never sampled from.
   """
   b = first_logits.shape[0]
-  toks = jnp.zeros((b, max_steps), jnp.int32)
-  lps = jnp.zeros((b, max_steps), jnp.float32)
-  lengths = jnp.zeros((b,), jnp.int32)
-  finished = jnp.zeros((b,), bool)
+  arrays = (jnp.zeros((b, max_steps), jnp.int32), jnp.zeros((b, max_steps), jnp.float32),
+            jnp.zeros((b,), jnp.int32), done, jnp.zeros((b,), bool))
+  tok, lp = sample_tokens(first_logits, keys, start_index, sampling)
+  *arrays, pending = _record(0, tok, lp, *arrays, sampling.stop_tokens)
 
   def body(state, kv_window):
-    step, cache, logits, toks, lps, lengths, done, finished = state
-    tok, lp = sample_tokens(logits, keys, start_index + step, sampling)
-    live = ~done
-    toks = toks.at[:, step].set(jnp.where(live, tok, 0))
-    lps = lps.at[:, step].set(jnp.where(live, lp, 0.0))
-    lengths = lengths + live.astype(jnp.int32)
-    stop = live & is_stop_token(tok, sampling.stop_tokens)
-    finished = finished | stop
-    done = done | stop
-    out = forward(params, config, jnp.where(live, tok, 0)[:, None], cache=cache,
-                  kv_window=kv_window, moe_state=moe_state)
+    step, cache, pending, toks, lps, lengths, done, finished = state
+    out = forward(params, config, pending[:, None], cache=cache, kv_window=kv_window,
+                  moe_state=moe_state)
     logits = logits_from_hidden(params, config, out.hidden[:, 0])
-    return step + 1, out.cache, logits, toks, lps, lengths, done, finished
+    tok, lp = sample_tokens(logits, keys, start_index + step, sampling)
+    *arrays, pending = _record(step, tok, lp, toks, lps, lengths, done, finished,
+                               sampling.stop_tokens)
+    return (step + 1, out.cache, pending, *arrays)
 
-  state = (jnp.int32(0), cache, first_logits, toks, lps, lengths, done, finished)
+  state = (jnp.int32(1), cache, pending, *arrays)
   for end, kv_window in windows or ((max_steps, None),):
     state = jax.lax.while_loop(lambda st, end=end: (st[0] < end) & ~jnp.all(st[6]),
                                functools.partial(body, kv_window=kv_window), state)
-  _, cache, _, toks, lps, lengths, _, finished = state
+  _, _, _, toks, lps, lengths, _, finished = state
   return GenerateOutput(toks, lps, lengths, finished)
 
 

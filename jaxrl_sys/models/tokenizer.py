@@ -83,12 +83,14 @@ class HFTokenizer:
         ids = [self.bos_id] + ids
     return ids + ([self.eos_id] if eos else [])
 
-  def decode(self, ids: Sequence[int]) -> str:
-    """The text of `ids` up to the first eos, special tokens dropped."""
+  def decode(self, ids: Sequence[int], *, stop_at_eos: bool = True,
+             skip_special_tokens: bool = True) -> str:
+    """The text of `ids` up to the first eos, special tokens dropped (or, with the flags off,
+    every token as it is: the turn formats of multi-turn episodes read template tokens)."""
     ids = [int(i) for i in ids]
-    if self.eos_id in ids:
+    if stop_at_eos and self.eos_id in ids:
       ids = ids[:ids.index(self.eos_id)]
-    return self._tok.decode(ids, skip_special_tokens=True)
+    return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
   @property
   def unk_token(self) -> str | None:

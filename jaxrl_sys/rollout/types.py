@@ -50,7 +50,10 @@ class Request:
       `m = len(prompt) + num_generated - 1` (position i's routes produced the token at i + 1);
       None or `m = 0` when none are recorded (a fresh request, a dense policy). They travel
       with the tokens: a resumed request's prefix is re-prefilled with them forced, and the
-      trainer replays them (routing replay R3, `models.moe.replay`).
+      trainer replays them (routing replay R3, `models.moe.replay`). A request may also enter
+      an engine with the routes of a prefix of those positions only (`m` smaller: a multi-turn
+      episode's next turn, whose observation tokens were never fed): the engine forces them,
+      routes the rest live, and streams the rest.
   """
   request_id: int
   prompt: np.ndarray
@@ -92,10 +95,10 @@ class Request:
 
   def _check_routes(self) -> None:
     want = len(self.prompt) + len(self.tokens) - 1
-    if self.num_routed not in (0, want):
+    if self.num_routed > want:
       raise ValueError(
           f"request {self.request_id}: routes of {self.num_routed} positions for a prompt of "
-          f"{len(self.prompt)} and {len(self.tokens)} tokens; a request records none or one per "
+          f"{len(self.prompt)} and {len(self.tokens)} tokens; a request records at most one per "
           f"fed position (prompt + tokens - 1 = {want})")
 
   @property

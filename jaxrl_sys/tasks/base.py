@@ -79,7 +79,10 @@ class SupervisedBatch(NamedTuple):
 
 def supervised_examples(task: Task, tokenizer, start: int, count: int,
                         seq_len: int | None = None) -> SupervisedBatch:
-  """Prompt + reference answer sequences for the supervised warm-up phase."""
+  """Prompt + reference answer sequences for the supervised warm-up phase (a multi-turn task
+  with `demonstration(i)`: its expert episodes, trained on the policy's turns only)."""
+  if hasattr(task, "demonstration"):
+    return _demonstrations(task, tokenizer, start, count, seq_len)
   seqs, n_prompt = [], []
   for i in range(start, start + count):
     p = task.problem(i)
@@ -96,4 +99,22 @@ def supervised_examples(task: Task, tokenizer, start: int, count: int,
     toks[j, :len(s)] = s
     attn[j, :len(s)] = 1
     loss[j, k - 1:len(s) - 1] = 1
+  return SupervisedBatch(toks, attn, loss)
+
+
+def _demonstrations(task, tokenizer, start: int, count: int, seq_len: int | None
+                    ) -> SupervisedBatch:
+  from jaxrl_sys.tasks.turns import demonstration_ids, turn_format  # pylint: disable=import-outside-toplevel
+  fmt = turn_format(tokenizer)
+  demos = [demonstration_ids(fmt, task.demonstration(i)) for i in range(start, start + count)]
+  t = seq_len or max(len(ids) for ids, _ in demos)
+  if max(len(ids) for ids, _ in demos) > t:
+    raise ValueError(f"a demonstration episode is longer than seq_len={t}")
+  toks = np.full((count, t), tokenizer.pad_id, np.int32)
+  attn = np.zeros((count, t), np.int32)
+  loss = np.zeros((count, t), np.int32)
+  for j, (ids, mask) in enumerate(demos):
+    toks[j, :len(ids)] = ids
+    attn[j, :len(ids)] = 1
+    loss[j, :len(ids) - 1] = mask[1:]  # position p predicts token p + 1
   return SupervisedBatch(toks, attn, loss)

@@ -123,26 +123,36 @@ def load_reward(spec: str) -> RewardFn:
   """Resolves "module:function" or "path/to/file.py:function" to the function.
 
   Raises:
+    ValueError: as `load_object`.
+  """
+  return load_object(spec, "reward", "function")
+
+
+def load_object(spec: str, what: str = "reward", kind: str = "function") -> Any:
+  """Resolves "module:NAME" or "path/to/file.py:NAME" (`--reward`, `--env`) to the object.
+
+  Raises:
     ValueError: naming the malformed spec, the module that cannot be imported (with its
       error), or the missing / non-callable attribute.
   """
   if not isinstance(spec, str) or spec.count(":") < 1:
-    raise ValueError(f"bad reward {spec!r}: expected module:function (e.g. mymod:score) or "
-                     "path/to/file.py:function")
+    example = "mymod:score" if kind == "function" else "mymod:MyEnv"
+    raise ValueError(f"bad {what} {spec!r}: expected module:{kind} (e.g. {example}) or "
+                     f"path/to/file.py:{kind}")
   module_name, _, attr = spec.rpartition(":")
   if not module_name or not attr:
-    raise ValueError(f"bad reward {spec!r}: expected module:function")
+    raise ValueError(f"bad {what} {spec!r}: expected module:{kind}")
   if module_name.endswith(".py"):
     path = os.path.abspath(module_name)
     if not os.path.isfile(path):
-      raise ValueError(f"reward {spec!r}: no file {path}")
-    name = "_jaxrl_reward_" + os.path.splitext(os.path.basename(path))[0]
+      raise ValueError(f"{what} {spec!r}: no file {path}")
+    name = f"_jaxrl_{what}_" + os.path.splitext(os.path.basename(path))[0]
     loader_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(loader_spec)
     try:
       loader_spec.loader.exec_module(module)
     except Exception as e:
-      raise ValueError(f"reward {spec!r}: importing {path} failed: {type(e).__name__}: {e}") from e
+      raise ValueError(f"{what} {spec!r}: importing {path} failed: {type(e).__name__}: {e}") from e
   else:
     if os.getcwd() not in sys.path and "" not in sys.path:
       sys.path.insert(0, os.getcwd())
@@ -150,14 +160,14 @@ def load_reward(spec: str) -> RewardFn:
       module = importlib.import_module(module_name)
     except Exception as e:
       raise ValueError(
-          f"reward {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); "
+          f"{what} {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); "
           "run from the directory that holds it, add that directory to PYTHONPATH, or give "
-          "path/to/file.py:function") from e
+          f"path/to/file.py:{kind}") from e
   fn = getattr(module, attr, None)
   if fn is None:
-    raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}")
+    raise ValueError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}")
   if not callable(fn):
-    raise ValueError(f"reward {spec!r}: {attr!r} is not callable")
+    raise ValueError(f"{what} {spec!r}: {attr!r} is not callable")
   return fn
 
 

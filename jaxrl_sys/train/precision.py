@@ -10,7 +10,8 @@ learning rates of RL post-training (1e-6 to 1e-5) that is almost every update, s
 stay float32 whatever the checkpoint's dtype. The compute copy is not stored: `forward` casts
 each weight to the activations' dtype where it is used, so the gradient reaches the float32
 master through the cast. "auto" resolves once, when the run is built: bfloat16 compute on a GPU
-or TPU, float32 on a CPU (where bfloat16 matmuls are emulated and slower); the rollout follows
+(sm80+) or TPU, float32 on a CPU (where bfloat16 matmuls are emulated and slower) and on a GPU
+below sm80 (T4, V100: no bfloat16 tensor cores; `jaxrl_sys.backend`); the rollout follows
 the compute dtype, so a bfloat16 publish moves half the bytes of a float32 one.
 """
 from __future__ import annotations
@@ -35,8 +36,8 @@ class PrecisionConfig:
   Attributes:
     param_dtype: master parameters and the AdamW moments ("float32" or "bfloat16"; bfloat16
       masters lose small updates: use only to reproduce a low-memory run).
-    compute_dtype: forward and backward of the train step; "auto" = bfloat16 on GPU/TPU,
-      float32 on CPU.
+    compute_dtype: forward and backward of the train step; "auto" = bfloat16 on GPU (sm80+)
+      and TPU, float32 on CPU and on GPUs below sm80 (T4, V100).
     rollout_dtype: the weights published to the rollout engines and their compute / KV-cache
       dtype; "auto" = the compute dtype.
     accum_dtype: gradient accumulation over micro-batches, clipping and the optimizer's input

@@ -30,11 +30,27 @@ def test_gpu_benchmark_quick(tmp_path, monkeypatch):
   assert dec["generated"] == s.decode_batches[0] * s.new_tokens    # no stop token: all tokens
   assert (dec["roofline_frac"] is None) == (not gpu_host)          # no HBM figure for a CPU
   assert dec["tok_per_s"] > 0
+  # What the compiled step loop runs per step (`benchmarks.hlo_stats` of generate's program):
+  # at least the step's own sampling and the layer loop's kernels, copies counted in bytes.
+  assert dec["kernels_per_step"] > s.dense.num_layers and dec["copies_per_step"] >= 0
+  assert dec["copy_mib_per_step"] >= 0 and dec["update_slices_per_step"] >= 1   # cache write
   train = [r for r in rows if r["section"] == "train"]
-  assert [r["name"] for r in train] == ["grpo step Qwen3-MoE"]
-  assert all(0 < r["mfu"] < 1 for r in train)
+  # The one-program step and the CLI's micro-batched step (2 groups, m_b = 1: two micro-batches).
+  assert [(r["name"], r["impl"], r["micro_batches"]) for r in train] == [
+      ("grpo step Qwen3-MoE", "1 program", 1), ("grpo step Qwen3-MoE", "2 x 1 groups", 2)]
+  assert all(0 < r["mfu"] < 1 and r["fwdbwd_temp_mib"] > 0 for r in train)
   # The per-op profile of the decode and the train step (host process on CPU).
   assert set(saved["profile"]) == {"decode_b4", "train Qwen3-MoE"}
   for ops in saved["profile"].values():
     assert ops and all(o["ms_per_call"] >= 0 and 0 <= o["share"] <= 1 for o in ops)
     assert sum(o["share"] for o in ops) <= 1 + 1e-6
+  # Totals over all ops: kernels per step and the time shares of copies / slice updates.
+  assert set(saved["profile_totals"]) == {"decode_b4", "train Qwen3-MoE"}
+  for tot in saved["profile_totals"].values():
+    assert tot["kernels_per_step"] > 0 and tot["ms_per_step"] > 0
+    assert 0 <= tot["copy_share"] <= 1 and 0 <= tot["update_slice_share"] <= 1
+
+
+def test_device_slug_names_the_results():
+  assert gpu.device_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
+  assert gpu.device_slug("NVIDIA H200") == "h200" and gpu.device_slug("cpu") == "cpu"

@@ -146,6 +146,15 @@ COVERAGE = {
         f"{_CLI}::test_sigkill_resumes_from_last_checkpoint_without_losing_the_buffer"),
     "python -m experiments.grpo --mesh=8x4 --steps=1 --prompts_per_step=8": Mapped(
         f"{_CLI}::test_mesh_8x4_on_32_fake_devices"),
+    "python -m experiments.grpo --task=search --task_args=hops=1 --max_turns=3 --steps=40 "
+    "--out_dir=runs/search": Mapped(
+        "tests/agents/test_agent_recipe.py::test_held_out_episode_success_rises",
+        "an agentic task through the recipe (the calculator; the search task trains in "
+        "tests/notebooks/test_notebooks.py::test_agentic_search_trains_over_episodes)"),
+    "python -m experiments.grpo --task=jsonl:examples/sums.jsonl "
+    "--env=examples.adder_env:AdderEnv --max_turns=2 --steps=20": Mapped(
+        "tests/agents/test_agent_recipe.py::test_user_env_from_the_env_flag",
+        "the same flags parsed and built; the env's episodes over a scripted session"),
     "python -m experiments.spot_sim": Mapped(
         f"{_SIM}::test_the_experiment_prints_tables_and_writes_json_and_plots",
         "one preset, two settings, one segment, 2 steps"),

@@ -141,3 +141,24 @@ def test_draws_equal_jax_random_categorical_and_argmax_ties_nan():
   z[3, 11] = np.inf
   z[4] = np.round(z[4])
   np.testing.assert_array_equal(np.asarray(first_argmax(jnp.asarray(z))), np.argmax(z, axis=-1))
+
+
+def test_decode_loop_carries_tokens_not_logits():
+  """The step loop feeds the pending token (the engine's order): no `[batch, vocab]` logits in
+  any while loop's carried state (a per-step copy of them on every backend), and greedy tokens
+  still follow the prompt's own argmax chain (`generate` at 1 and at 5 new tokens agree)."""
+  from jaxrl_sys.models import sampling as sampling_lib  # pylint: disable=import-outside-toplevel
+  b, t, v = 3, 4, CFG.vocab_size
+  params = models.init_params(CFG, jax.random.PRNGKey(0))
+  samp = SamplingConfig(temperature=0.0, max_new_tokens=5)
+  args = (params, jnp.ones((b, t), jnp.int32), jnp.ones((b, t), jnp.int32),
+          sampling_lib.request_keys(jax.random.PRNGKey(0), b), None)
+  text = sampling_lib._generate.lower(  # pylint: disable=protected-access
+      *args, config=CFG, sampling=samp, cache_len=t + 5).compile().as_text()
+  loops = [line for line in text.splitlines() if " while(" in line]
+  assert loops and not [line for line in loops if f"f32[{b},{v}]" in line.split(" while(")[0]]
+  five = models.generate(params, CFG, args[1], sampling=samp)
+  one = models.generate(params, CFG, args[1], sampling=SamplingConfig(temperature=0.0,
+                                                                      max_new_tokens=1))
+  np.testing.assert_array_equal(np.asarray(five.tokens)[:, :1], np.asarray(one.tokens))
+  assert np.asarray(five.lengths).tolist() == [5] * b

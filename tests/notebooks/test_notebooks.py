@@ -9,7 +9,8 @@ from tests.notebooks.runner import NOTEBOOKS, code_cells, images, run_notebook
 def test_every_notebook_is_tested_and_installs_itself():
   names = sorted(n for n in os.listdir(NOTEBOOKS) if n.endswith(".ipynb"))
   assert names == ["01_quickstart_grpo.ipynb", "02_losses_nnx.ipynb", "03_moe_balancing.ipynb",
-                   "04_elastic_rollout_ray.ipynb", "05_spot_simulator.ipynb"]
+                   "04_elastic_rollout_ray.ipynb", "05_spot_simulator.ipynb",
+                   "06_agentic_search.ipynb"]
   import nbformat  # pylint: disable=import-outside-toplevel
   for n in names:
     cells = code_cells(nbformat.read(os.path.join(NOTEBOOKS, n), as_version=4))
@@ -68,3 +69,16 @@ def test_spot_simulator_table(tmp_path):
   out = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
   assert "RLBoost tok/s" in out and "spot discount" in out
   assert images(nb) == 2
+
+
+def test_agentic_search_trains_over_episodes(tmp_path):
+  nb, v = run_notebook("06_agentic_search.ipynb", str(tmp_path), probe=(
+      "dict(success=[h['episode_success'] for h in result.run.history], "
+      "turns=[h['episode_turns'] for h in result.run.history], "
+      "evals=[h['eval_reward'] for h in result.run.history if 'eval_reward' in h], "
+      "episodes=[(c.request.tokens.tolist(), (c.request.versions >= 0).tolist()) "
+      "for c in episodes])"))
+  assert len(v["success"]) == 2 and all(0 <= s <= 1 for s in v["success"])
+  assert all(t >= 1 for t in v["turns"]) and len(v["evals"]) == 1
+  assert len(v["episodes"]) == 4 and all(any(m) for _, m in v["episodes"])
+  assert images(nb) == 1

@@ -43,6 +43,10 @@ class EngineConfig:
     sampling: temperature / top_k / top_p / stop_tokens (its max_new_tokens is unused: the
       budget comes per request).
     share_prefixes: share the KV of identical prefill sequences (GRPO groups) by row copies.
+    extend_prefixes: a request whose sequence extends what a free slot still holds (the next
+      turn of a multi-turn episode on the engine that served the previous one) takes that slot
+      and prefills only the rest (`slots.extend`); free slots are then reused least recently
+      released first.
     recompute_kv_on_swap: on a weight load (`Engine.load`), re-prefill running requests with
       the new weights instead of keeping their KV.
     cache_dtype: KV cache dtype name ("float32", "bfloat16"); None = the model compute dtype.
@@ -56,6 +60,7 @@ class EngineConfig:
   stream_every: int = 8
   sampling: SamplingConfig = SamplingConfig()
   share_prefixes: bool = True
+  extend_prefixes: bool = False
   recompute_kv_on_swap: bool = False
   cache_dtype: str | None = None
 
@@ -90,6 +95,8 @@ class EngineStats:
   """Cumulative counters.
 
   `prefill_rows` / `prefill_tokens` count real sequences / tokens sent through prefill;
+  `extend_calls` / `extend_tokens` the prefix extensions and their new tokens, `reused_tokens`
+  the cached tokens those (and exact prefix hits) kept instead of prefilling them;
   `prefix_hits` counts admissions that took their prefix from another slot (a shared prompt
   copied from a live sibling or this round's prefill, or still held by a freed slot) instead of
   a prefill; `moved_rows` counts live requests moved to lower slots to shrink the decode batch;
@@ -101,6 +108,9 @@ class EngineStats:
   prefill_tokens: int = 0
   prefill_padded_tokens: int = 0
   prefix_hits: int = 0
+  extend_calls: int = 0
+  extend_tokens: int = 0
+  reused_tokens: int = 0
   copy_calls: int = 0
   moved_rows: int = 0
   decode_calls: int = 0

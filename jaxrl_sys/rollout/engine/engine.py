@@ -25,7 +25,12 @@ experts of every fed position travel with the request (`Request.routes`, streame
 the host beside the slot's KV, so requests that take the prefix by a row copy take its routes
 too; a request that arrives with recorded routes (resumed, migrated, re-queued on a weight
 swap) is re-prefilled with them forced, rebuilding its KV with the experts that produced its
-logged log-probs (such a prefix is shared only with requests whose routes are the same).
+logged log-probs (such a prefix is shared only with requests whose routes are the same). A
+request may record the routes of a prefix of its positions only (an episode's next turn): those
+are forced, the rest routed live. With `extend_prefixes`, a freed slot keeps its sequence's
+routes beside its KV: a request extending that sequence keeps them and takes the extension's
+(live, or forced where recorded), as a full re-prefill with the kept ones forced would; a slot
+whose routes disagree with the request's recorded ones is not extended.
 
 Design choices:
 - KV layout: one contiguous `max_len` row per slot, not pages. A paged cache pays off when
@@ -88,6 +93,10 @@ class Engine:
     self._live = np.zeros((s,), bool)
     self._req: list[Request | None] = [None] * s
     self._prefix: list[bytes | None] = [None] * s  # intact prefill prefix of the slot's rows
+    # Free slots: the sequence whose KV their rows still hold (`extend_prefixes`), and when.
+    self._held: list[bytes | None] = [None] * s
+    self._held_at = np.zeros((s,), np.int64)
+    self._releases = 0
     # MoE: each slot's prefix routes and what its request has streamed (`engine.routes`).
     self._routes = None if model_config.moe is None else SlotRoutes(model_config, s)
     self._waiting: collections.deque[Request] = collections.deque()
@@ -231,9 +240,16 @@ class Engine:
         self._release(s)
       for r in reversed(running):
         self._enqueue(r, front=True)
+    self._held = [None] * self.config.num_slots  # KV of the old weights is not extended
 
   def _release(self, s: int) -> None:
     # the slot's prefix stays registered: its rows stay intact until the slot is reused
+    r = self._req[s]
+    if self.config.extend_prefixes and r is not None and (
+        self._routes is None or self._routes.hold(s, r, int(self._written[s]))):
+      self._held[s] = np.concatenate([r.prompt, r.tokens])[:self._written[s]].tobytes()
+      self._releases += 1
+      self._held_at[s] = self._releases
     self._live[s] = False
     self._req[s] = None
 
@@ -288,6 +304,8 @@ class Engine:
     by serving is a cheap cache hit). Returns whether variants remain."""
     c, n = self.config, self.config.num_slots
     variants = [("prefill", t, b) for t in c.prefill_buckets for b in c.prefill_batch_buckets]
+    if c.extend_prefixes:
+      variants += [("extend", t, b) for t in c.prefill_buckets for b in c.prefill_batch_buckets]
     variants += [("copy", t, 0) for t in c.copy_buckets]
     variants += [("decode", rows, w) for rows in c.decode_row_buckets
                  for w in c.decode_len_buckets]
@@ -299,6 +317,11 @@ class Engine:
                                    np.zeros((b, a), np.int32), np.zeros((b,), np.int32),
                                    np.full((b,), n, np.int32), self.moe_state,
                                    self._forced(b, a), config=self.model_config)
+      elif kind == "extend":
+        self.cache, _ = self._call(slots.extend, self.params, self.cache,
+                                   np.zeros((b, a), np.int32), np.zeros((b,), np.int32),
+                                   np.zeros((b,), np.int32), np.full((b,), n, np.int32),
+                                   self.moe_state, self._forced(b, a), config=self.model_config)
       elif kind == "copy":
         self.cache = self._call(slots.copy_prefix, self.cache, np.zeros((n,), np.int32),
                                 np.full((n,), n, np.int32), np.zeros((n,), np.int32), t=a)
@@ -311,8 +334,34 @@ class Engine:
   def _free_order(self) -> list[int]:
     """Free slots, lowest first, those holding a prefix a waiting request wants last."""
     free = [int(s) for s in np.flatnonzero(~self._live)]
+    # Slots holding an extendable sequence go last, least recently released first (an
+    # episode's next turn likely comes back for the most recent ones).
     return sorted(free, key=lambda s: (self._prefix[s] is not None
-                                       and self._waiting_keys[self._prefix[s]] > 0, s))
+                                       and self._waiting_keys[self._prefix[s]] > 0,
+                                       self._held[s] is not None,
+                                       int(self._held_at[s]) if self._held[s] is not None else 0,
+                                       s))
+
+  def _claims(self, free: list[int]) -> dict[int, int]:
+    """`extend_prefixes`: request id -> the free slot holding the longest prefix of its
+    sequence (each slot claimed once, queue order)."""
+    held = [s for s in free if self._held[s] is not None]
+    out: dict[int, int] = {}
+    if not held:
+      return out
+    taken: set[int] = set()
+    for r in list(self._waiting)[:len(free)]:
+      seq, best = np.concatenate([r.prompt, r.tokens])[:-1].tobytes(), None
+      for s in held:
+        h = self._held[s]
+        if (s not in taken and 0 < len(h) <= len(seq) and seq.startswith(h)
+            and (best is None or len(h) > len(self._held[best]))
+            and (self._routes is None or self._routes.compatible(s, r, len(h) // 4))):
+          best = s
+      if best is not None:
+        out[r.request_id] = best
+        taken.add(best)
+    return out
 
   def _admit(self) -> None:
     """Moves waiting requests into free slots: prefix copies or batched prefills."""
@@ -327,31 +376,52 @@ class Engine:
         sources[self._prefix[s]].append(s)
     leaders: list[tuple[np.ndarray, int]] = []
     copies: list[tuple[int, int, int]] = []
+    extends: list[tuple[np.ndarray, int, int, Request]] = []  # (new tokens, kept, slot, r)
+    claims = self._claims(free) if c.extend_prefixes else {}
+    claimed = set(claims.values())
     while self._waiting and free:
       r = self._waiting.popleft()
       key = self._key_of[r.request_id]
       n = len(r.prompt) + r.num_generated - 1   # the prefill prefix: all but the pending token
       self._waiting_keys[key] -= 1
-      own = [s for s in sources.get(key, ()) if s in free]  # a free slot holding this prefix
-      s = own[0] if own else free[0]
-      free.remove(s)
-      if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
-        sources[self._prefix[s]].remove(s)
-      src = [a for a in sources.get(key, ()) if a != s]  # live, or prefilled this round
-      source = None
-      if n == 0 or own:
-        copies.append((s, s, n))  # reset the slot's metadata, rows already in place
-        source = s
-      elif src:
-        copies.append((src[0], s, n))  # copies run after this round's prefills
-        source = src[0]
+      claim = claims.pop(r.request_id, None)
+      if claim is not None and claim in free:
+        s, m = claim, len(self._held[claim]) // 4
+        claimed.discard(s)
+        free.remove(s)
+        if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
+          sources[self._prefix[s]].remove(s)
+        if m == n:
+          copies.append((s, s, n))  # every row already in place
+        else:
+          extends.append((np.concatenate([r.prompt, r.tokens])[m:n], m, s, r))
+        if self._routes is not None:
+          self._routes.extended(s, r, m, n)
+        self.stats.reused_tokens += m
       else:
-        leaders.append((np.concatenate([r.prompt, r.tokens])[:-1], s, r))
-      if self._routes is not None:
-        self._routes.admitted(s, r, source, n)
-      self.stats.prefix_hits += int(n > 0 and bool(own or src))
+        open_ = [s for s in free if s not in claimed] or free
+        own = [s for s in sources.get(key, ()) if s in open_]  # a free slot holding this prefix
+        s = own[0] if own else open_[0]
+        free.remove(s)
+        claimed.discard(s)
+        if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
+          sources[self._prefix[s]].remove(s)
+        src = [a for a in sources.get(key, ()) if a != s]  # live, or prefilled this round
+        source = None
+        if n == 0 or own:
+          copies.append((s, s, n))  # reset the slot's metadata, rows already in place
+          source = s
+        elif src:
+          copies.append((src[0], s, n))  # copies run after this round's prefills
+          source = src[0]
+        else:
+          leaders.append((np.concatenate([r.prompt, r.tokens])[:-1], s, r))
+        if self._routes is not None:
+          self._routes.admitted(s, r, source, n)
+        self.stats.prefix_hits += int(n > 0 and bool(own or src))
       if c.share_prefixes:
         sources[key].append(s)
+      self._held[s] = None
       self._req[s], self._prefix[s], self._live[s] = r, key, True
       self._pending[s] = r.tokens[-1] if r.num_generated else r.prompt[-1]
       self._keys[s], self._index[s], self._budget[s] = r.key, r.num_generated, r.remaining
@@ -368,8 +438,8 @@ class Engine:
       forced = self._forced(b, t)
       for j, (q, s, r) in enumerate(part):
         toks[j, :len(q)], lens[j], dst[j] = q, len(q), s
-        if r.num_routed:  # recorded routes: rebuild the KV with them
-          forced[0][j, :len(q)], forced[1][j, :len(q)] = r.routes, True
+        if r.num_routed:  # recorded routes (all or a prefix): rebuild the KV with them
+          self._routes.fill(r, 0, forced[0][j], forced[1][j])
       self.cache, routes = self._call(slots.prefill, self.params, self.cache, toks, lens, dst,
                                       self.moe_state, forced, config=self.model_config)
       if routes is not None:
@@ -378,6 +448,23 @@ class Engine:
       self.stats.prefill_rows += len(part)
       self.stats.prefill_tokens += int(lens.sum())
       self.stats.prefill_padded_tokens += b * t
+    for i in range(0, len(extends), max_b):
+      part = extends[i:i + max_b]
+      b = pick(len(part), c.prefill_batch_buckets)
+      t = pick(max(len(q) for q, _, _, _ in part), c.prefill_buckets)
+      toks, lens = np.zeros((b, t), np.int32), np.zeros((b,), np.int32)
+      starts, dst = np.zeros((b,), np.int32), np.full((b,), c.num_slots, np.int32)
+      forced = self._forced(b, t)
+      for j, (q, m, s, r) in enumerate(part):
+        toks[j, :len(q)], lens[j], starts[j], dst[j] = q, len(q), m, s
+        if r.num_routed > m:  # recorded routes of extension positions: forced
+          self._routes.fill(r, m, forced[0][j], forced[1][j])
+      self.cache, routes = self._call(slots.extend, self.params, self.cache, toks, lens, starts,
+                                      dst, self.moe_state, forced, config=self.model_config)
+      if routes is not None:
+        self._routes.extend_rows(routes, [(s, len(q)) for q, _, s, _ in part])
+      self.stats.extend_calls += 1
+      self.stats.extend_tokens += int(lens.sum())
     if copies:
       self._copy(copies)
 
@@ -395,8 +482,10 @@ class Engine:
       for arr in (self._pending, self._keys, self._index, self._budget, self._written):
         arr[d] = arr[a]
       self._req[d], self._prefix[d], self._live[d] = self._req[a], self._prefix[a], True
+      self._held[d] = None
       if self._routes is not None:
         self._routes.moved(a, d)
+      self._req[a] = None  # moved, not finished: its rows are no longer an episode's context
       self._release(a)
     self.stats.moved_rows += len(moves)
 

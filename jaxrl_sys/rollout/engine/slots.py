@@ -102,6 +102,51 @@ def prefill(params, cache: kvc.KVCache, tokens, lengths, dst, moe_state=None, fo
   return _write_prefix(cache, out.cache.k, out.cache.v, lengths, dst), routes
 
 
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+def extend(params, cache: kvc.KVCache, tokens, lengths, starts, dst, moe_state=None,
+           forced=None, *, config: ModelConfig):
+  """Appends a block of right-padded sequences to slot rows that keep their first tokens.
+
+  The next turn of a multi-turn episode: the slot that served the previous turn still holds
+  the KV of the context up to that turn's last sampled token; only the rest (that token and
+  the observation) is prefilled, attending to the kept rows.
+
+  Args:
+    params: model parameters.
+    cache: the slot cache (donated).
+    tokens: `[batch, t]` int32, right-padded extensions (t is a prefill bucket).
+    lengths: `[batch]` int32 real length of each extension.
+    starts: `[batch]` int32 cached tokens kept in each destination row (positions `[0, start)`).
+    dst: `[batch]` int32 destination slot per row; `num_slots` for padding rows.
+    moe_state: the policy's MoE balancing state, or None.
+    forced: MoE only: (experts `[batch, t, layers, k]`, mask `[batch, t]` bool) recorded routes
+      of extension positions imposed where mask is set (the others route live), or None. The
+      kept positions keep the routes their KV was computed with (the engine keeps them).
+    config: model config (static).
+
+  Returns:
+    (the updated slot cache: row `dst[i]` holds `starts[i] + lengths[i]` tokens, routes
+    `[batch, t, layers, k]` the experts of every extension position (MoE) or None (dense)).
+  """
+  n, max_len = cache.k.shape[1], cache.max_len
+  rows = jnp.clip(dst, 0, n - 1)
+  view = kvc.KVCache(cache.k[:, rows], cache.v[:, rows],
+                     jnp.arange(max_len)[None, :] < starts[:, None], starts, starts)
+  mask = (jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]).astype(jnp.int32)
+  moe = config.moe is not None
+  out = forward(params, config, tokens, attention_mask=mask, cache=view, moe_state=moe_state,
+                routes=_routes_arg(forced), return_routes=moe)
+  routes = out.routes.experts if moe else None
+  total = starts + lengths
+  return kvc.KVCache(
+      k=cache.k.at[:, dst].set(out.cache.k.astype(cache.k.dtype), mode="drop"),
+      v=cache.v.at[:, dst].set(out.cache.v.astype(cache.v.dtype), mode="drop"),
+      kv_valid=cache.kv_valid.at[dst].set(jnp.arange(max_len)[None, :] < total[:, None],
+                                          mode="drop"),
+      write_pos=cache.write_pos.at[dst].set(total, mode="drop"),
+      next_position=cache.next_position.at[dst].set(total, mode="drop")), routes
+
+
 @functools.partial(jax.jit, static_argnames=("t",), donate_argnames=("cache",))
 def copy_prefix(cache: kvc.KVCache, src, dst, lengths, *, t: int) -> kvc.KVCache:
   """Copies the first `lengths[i]` cached tokens of slot `src[i]` into slot `dst[i]`.
@@ -196,7 +241,7 @@ def decode(params, cache: kvc.KVCache, pending, keys, index, budget, live, moe_s
   return cache, out_tok, out_lp, count, stopped, step, out_routes
 
 
-JITTED = (prefill, copy_prefix, decode)
+JITTED = (prefill, extend, copy_prefix, decode)
 
 
 def num_compilations() -> int:

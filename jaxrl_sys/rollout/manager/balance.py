@@ -59,7 +59,8 @@ def select_worker(loads: Sequence[WorkerLoad], min_version: int, theta: int,
 
   Candidates accept work, serve version >= `min_version` and have room; among them the fewest
   pending wins, then the fewest running, then the earliest in `loads` (join order). A request
-  moved by the balancer names its `target`, which it takes while that worker qualifies.
+  moved by the balancer names its `target`, and a session's next request the worker that
+  served its previous one (sticky sessions); it takes that worker while the worker qualifies.
   """
   ok = [w for w in loads if w.accepting and w.version >= max(min_version, 0) and w.room(theta) > 0]
   if not ok:

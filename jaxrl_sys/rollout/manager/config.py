@@ -51,6 +51,10 @@ class ManagerConfig:
     poll_interval: seconds `poll` waits for workers when a round brought nothing.
     migrate_tokens: a lost worker's requests continue from every token they had (token-level
       migration); False restarts them from the prompt (an ablation, RLBoost's "recompute").
+    sticky_sessions: a request whose `meta["session"]` names a session (an episode's turns)
+      goes to the worker that finished the session's previous request while that worker has
+      room (its engine may reuse the session's KV), like any request otherwise.
+    max_sessions: sessions remembered for sticky routing (least recently used dropped).
     trim_siblings: trim each migrated request to the shortest migrated sibling of its group, as
       RLBoost's released retry path does (an ablation: it throws decode work away).
   """
@@ -69,6 +73,8 @@ class ManagerConfig:
   poll_interval: float = 0.005
   migrate_tokens: bool = True
   trim_siblings: bool = False
+  sticky_sessions: bool = True
+  max_sessions: int = 65536
 
   def __post_init__(self):
     if self.theta < 0 or self.max_attempts < 0:
@@ -78,6 +84,8 @@ class ManagerConfig:
             and self.stall_timeout > 0):
       raise ValueError("ManagerConfig: heartbeat_timeout, startup_timeout, load_timeout and "
                        "stall_timeout must be > 0")
+    if self.max_sessions < 1:
+      raise ValueError(f"ManagerConfig.max_sessions must be >= 1, got {self.max_sessions}")
     if self.max_load_failures < 0:
       raise ValueError(f"ManagerConfig.max_load_failures must be >= 0, got "
                        f"{self.max_load_failures}")

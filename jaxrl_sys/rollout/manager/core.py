@@ -339,7 +339,10 @@ class ManagerCore:
         break
       rid = queue.popleft()
       st = self._reqs[rid]
-      wid = balance.select_worker(list(loads.values()), st.request.min_version, theta, st.target)
+      # A balancer move names its target; else a session's next request prefers the worker
+      # that served its previous one (sticky sessions: that engine may reuse its KV).
+      prefer = st.target if st.target is not None else self._reqs.session_worker(st.request)
+      wid = balance.select_worker(list(loads.values()), st.request.min_version, theta, prefer)
       if wid is None:
         left.append(rid)
         continue

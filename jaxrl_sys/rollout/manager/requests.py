@@ -1,6 +1,7 @@
 """The rollout manager's requests: every unfinished request's token state (the single source of
 truth: prompt, tokens so far, their logprobs and per-token weight versions), the dispatch
-queue, completions, token provenance, what a migrated request keeps, and abort bookkeeping.
+queue, completions, token provenance, what a migrated request keeps, abort bookkeeping, and the
+sticky sessions (the worker that finished each session's last request, `session_worker`).
 
 `RequestTable` is private to `manager/`: `core.ManagerCore` drives it (which worker holds a
 request is the core's business; the worker's side of a chunk is `state.WorkerState`'s).
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from jaxrl_sys.rollout.manager.config import ManagerConfig
 from jaxrl_sys.rollout.manager.state import Ledger, ReqState, WorkerState
@@ -33,6 +34,8 @@ class RequestTable:
     self.queue: collections.deque[int] = collections.deque()
     self._done: list[Completion] = []
     self._open = 0  # unfinished requests
+    # Sticky sessions: session -> the worker that finished its last request (LRU, bounded).
+    self._sessions: collections.OrderedDict[Any, str] = collections.OrderedDict()
 
   def get(self, request_id: int) -> ReqState | None:
     return self._reqs.get(request_id)
@@ -67,6 +70,25 @@ class RequestTable:
       self.queue.append(r.request_id)
     self._open += len(batch)
     self._ledger.stats.submitted += len(batch)
+
+  def session_worker(self, r: Request) -> str | None:
+    """Sticky sessions (`ManagerConfig.sticky_sessions`): the worker that finished the previous
+    request of `r`'s session (`meta["session"]`, e.g. the previous turn of an episode), whose
+    engine may still hold the session's KV; None when `r` has no session or none is known.
+    The worker may be gone: placement only prefers it among the workers that qualify."""
+    if not self._config.sticky_sessions:
+      return None
+    session = r.meta.get("session")
+    return None if session is None else self._sessions.get(session)
+
+  def _served(self, r: Request, worker_id: str) -> None:
+    session = r.meta.get("session") if self._config.sticky_sessions else None
+    if session is None:
+      return
+    self._sessions[session] = worker_id
+    self._sessions.move_to_end(session)
+    while len(self._sessions) > self._config.max_sessions:
+      self._sessions.popitem(last=False)
 
   def snapshot(self) -> list[Request]:
     """Copies of every unfinished request's token state (id order)."""
@@ -187,6 +209,7 @@ class RequestTable:
     if c.finish is not None:
       ws.last_done = now
       ws.release(c.request_id, now)
+      self._served(st.request, wid)
       st.done, st.owner, st.moving = True, None, False
       self._open -= 1
       self._done.append(Completion(st.request, c.finish))

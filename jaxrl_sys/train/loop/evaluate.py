@@ -59,6 +59,9 @@ def evaluate(client: RolloutSession, params: Any, task, tokenizer, indices: Sequ
     if not client.num_pending() and len(done) < len(reqs):
       raise RuntimeError("evaluation stalled")
   ids = sorted(by_id)
+  episodes = [done[i].request.meta.get("episode") for i in ids]
+  if all(e is not None for e in episodes):  # multi-turn episodes: the env's rewards
+    return float(np.mean([e["reward"] for e in episodes]))
   problems = [task.problem(by_id[i].meta["problem"]) for i in ids]
   texts = [tokenizer.decode(done[i].request.tokens) for i in ids]
   rewards, _ = score_completions(task, problems, texts)

@@ -86,13 +86,23 @@ def score_groups(groups: Sequence[Group], task, tokenizer, config: AdvantageConf
                  pad_to: int | None = None) -> ScoredGroups:
   """Decodes, scores (failures score 0 with a warning) and computes group advantages.
 
+  Completions of multi-turn episodes (`meta["episode"]`) are scored by their episodes'
+  rewards; their samples carry the loss mask of the sampled tokens (`versions >= 0`).
+
   `pad_to`: compute the advantages on `[pad_to, S]` (constant rewards in the extra groups) so
   a varying number of groups per micro-batch does not recompile.
   """
   comps = [c for g in groups for c in g.completions()]
-  problems = [p for g in groups for p in [task.problem(g.group_id)] * g.size]
-  texts = [tokenizer.decode(c.request.tokens) for c in comps]
-  rewards, _ = score_completions(task, problems, texts)
+  episodes = [c.request.meta.get("episode") for c in comps]
+  if all(e is not None for e in episodes) and episodes:
+    # Multi-turn episodes (`agents.EpisodeDriver`): the env's rewards, the mask of sampled
+    # tokens, and no gradient from a truncated or failed episode.
+    rewards = np.array([e["reward"] for e in episodes], np.float32)
+  else:
+    episodes = [None] * len(comps)
+    problems = [p for g in groups for p in [task.problem(g.group_id)] * g.size]
+    texts = [tokenizer.decode(c.request.tokens) for c in comps]
+    rewards, _ = score_completions(task, problems, texts)
   s = groups[0].size
   rewards = rewards.reshape(len(groups), s)
   extra = max((pad_to or 0) - len(groups), 0)
@@ -100,10 +110,12 @@ def score_groups(groups: Sequence[Group], task, tokenizer, config: AdvantageConf
   adv, mask, nzv = jax.device_get(_advantages(padded, config))
   adv, mask, nzv = adv[:len(groups)], mask[:len(groups)], int(nzv) - extra
   samples = []
-  for i, c in enumerate(comps):
+  for i, (c, ep) in enumerate(zip(comps, episodes)):
     r = c.request
+    weight = float(mask.reshape(-1)[i]) * (1.0 if ep is None else float(ep.get("weight", 1.0)))
     samples.append(Sample(r.prompt, r.tokens, r.logprobs, r.versions,
-                          float(adv.reshape(-1)[i]), float(mask.reshape(-1)[i]), r.routes))
+                          float(adv.reshape(-1)[i]), weight, r.routes,
+                          None if ep is None else (r.versions >= 0).astype(np.float32)))
   lengths = np.array([c.request.num_generated for c in comps]).reshape(len(groups), s)
   stopped = np.array([c.finish == FinishReason.STOP for c in comps]).reshape(len(groups), s)
   return ScoredGroups(samples, rewards, lengths, stopped, int(nzv))

@@ -329,4 +329,23 @@ def rollout_metrics(before: dict, after: dict) -> dict:
   for key in ("live_workers", "version_lag"):
     if key in after:
       out[key] = after[key]
+  out.update(agent_metrics(before, after))
   return out
+
+
+def agent_metrics(before: dict, after: dict) -> dict:
+  """Per-step metrics of multi-turn episodes (`agents.EpisodeDriver`'s `agent_*` counters):
+  each counter's difference over the step, and the rates: `episode_success` (episodes that
+  solved their problem), `episode_turns` (policy turns per episode), `tool_error_frac` (calls
+  that did not end `ok`), `prefetch_hit_frac` (speculative calls used)."""
+  d = {k: after[k] - before.get(k, 0.0) for k in after if k.startswith("agent_")}
+  if not d:
+    return {}
+  done = d.get("agent_episodes_done", 0.0)
+  calls = d.get("agent_tool_calls", 0.0)
+  started = d.get("agent_prefetch_started", 0.0)
+  d.update(episode_success=d.get("agent_episode_success", 0.0) / max(done, 1.0),
+           episode_turns=d.get("agent_episode_turns", 0.0) / max(done, 1.0),
+           tool_error_frac=(calls - d.get("agent_tool_ok", 0.0)) / max(calls, 1.0),
+           prefetch_hit_frac=d.get("agent_prefetch_hits", 0.0) / max(started, 1.0))
+  return d

@@ -12,7 +12,8 @@ class StepStats(NamedTuple):
   Attributes:
     rewards, lengths: `[samples]` float32 rewards / int response lengths (group-major).
     stopped: `[samples]` bool, the response ended on a stop token.
-    versions: `[tokens]` int, the weight version of every generated token.
+    versions: `[tokens]` int, the weight version of every generated token (observation tokens
+      of multi-turn episodes, version -1, left out).
     zero_variance: groups whose rewards were all equal.
     group_ids: the trained groups' prompt indices.
     trained_positions: packed positions trained (rows x row length, padding rows excluded).
@@ -28,7 +29,8 @@ class StepStats(NamedTuple):
 
 def step_stats(scored: Sequence, taken: Sequence, row_length: Callable[[list], int]) -> StepStats:
   """From one process's scored micro-batches (`groups.ScoredGroups`) and taken groups."""
-  versions = [c.request.versions for g in taken for c in g.completions()]
+  versions = [v[v >= 0] for g in taken for c in g.completions()
+              for v in [np.asarray(c.request.versions)]]
   return StepStats(
       rewards=np.concatenate([s.rewards.reshape(-1) for s in scored]),
       lengths=np.concatenate([s.lengths.reshape(-1) for s in scored]),

@@ -29,12 +29,15 @@ from typing import Any, Callable
 import jax
 
 from jaxrl_sys import backend
+from jaxrl_sys.agents.config import AgentConfig
 from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.setup.factory import make_client
 from jaxrl_sys.rollout.setup.spec import ClientOptions, RolloutSetup
 from jaxrl_sys.rollout.types import RolloutSession
 from jaxrl_sys.sharding import DEFAULT_RULES, MeshSpec, parse_mesh
-from jaxrl_sys.tasks import CountingTask, DatasetTask, make_task, parse_task_spec
+from jaxrl_sys.tasks import (CountingTask, DatasetTask, call_env_factory, load_env, make_task,
+                             parse_task_spec)
+from jaxrl_sys.tasks.turns import turn_format
 from jaxrl_sys.tasks.dataset import unknown_characters_note
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.loop.groups import encode_prompt
@@ -50,7 +53,8 @@ from jaxrl_sys.train.step.programs import train_programs
 
 # Built-in tasks: (task_args, max_prompt_len, max_new_tokens) used when the config leaves them
 # None. The tiny presets' warm-up steps when `sft_steps` is None (a user's model gets none).
-TASK_DEFAULTS = {"arithmetic": ("num_digits=1,ops=+", 8, 4), "countdown": ("", 16, 8)}
+TASK_DEFAULTS = {"arithmetic": ("num_digits=1,ops=+", 8, 4), "countdown": ("", 16, 8),
+                 "calculator": ("", 16, 64), "search": ("", 32, 96)}
 PRESET_SFT_STEPS = 60
 # Identity of a run for `--resume` (CheckpointConfig.identity): what is trained, and on what;
 # recorded under short keys, as checkpoints written before the config tree recorded them.
@@ -99,6 +103,18 @@ class Recipe:
   eval_task: Any = None
   eval_indices: tuple[int, ...] = ()
   notes: list[str] = dataclasses.field(default_factory=list)
+  env_factory: Any = None
+  turn_format: Any = None
+
+  @property
+  def agentic(self) -> bool:
+    """Multi-turn episodes (an env: `--env`, or the task's own)."""
+    return self.env_factory is not None
+
+  @property
+  def agent(self) -> AgentConfig:
+    """The episodes' settings (`config.agent`)."""
+    return self.config.agent
 
   @property
   def train(self) -> TrainConfig:
@@ -175,7 +191,9 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   if task is None:
     task = _build_task(rc, parse_task_args(task_args))
   dataset = isinstance(task, DatasetTask)
-  extra = "".join(task.texts()) if dataset else ""
+  env_factory = _env_factory(rc, task)
+  extra = ("".join(task.texts()) if dataset else "") + getattr(task, "alphabet", "")
+  extra += _env_chars(env_factory)
   model = load_model(rc.model.name, max_seq_len=64, chat_template=rc.model.chat_template,
                      extra_chars=extra)
   prompt_len, new_tokens = defaults[1:]
@@ -183,6 +201,8 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   if dataset:
     task, prompt_len, new_tokens, note = _fit_dataset(task, model, rc)
     notes += [n for n in (note, unknown_characters_note(task, model.tokenizer)) if n]
+    if env_factory is not None and rc.loop.max_new_tokens is None:
+      new_tokens = max(new_tokens, 32 * rc.agent.max_turns)  # turns and observations
   n_eval = rc.eval.prompts
   eval_task, eval_indices = task, tuple(range(SYNTHETIC_EVAL_START, SYNTHETIC_EVAL_START + n_eval))
   if dataset and rc.eval.every:
@@ -217,12 +237,57 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
                      "rollout.rollout=local (Ray rollout is single-process only)")
   limits.check_memory(model.config, min(rc.loop.micro_batch_groups, rc.loop.prompts_per_step)
                       * plan.samples_per_group, plan.seq_len, jax.devices()[0])
+  fmt = None
+  if env_factory is not None:
+    fmt = turn_format(model.tokenizer)
+    # Episodes: turns stop on the template's end-of-turn ids; an episode's next turn extends
+    # the KV its previous turn left in its engine (sticky sessions).
+    engine = dict(extend_prefixes=True,
+                  sampling=dataclasses.replace(plan.engine.sampling, stop_tokens=fmt.stop_ids))
+    plan = dataclasses.replace(plan, engine=dataclasses.replace(plan.engine, **engine),
+                               eval_engine=dataclasses.replace(plan.eval_engine, **engine))
   encode_prompt(model.tokenizer, task.problem(0).prompt, rc.loop.max_prompt_len)  # fail early
   identity = {key: rc.get(path) for key, path in IDENTITY.items()}
   identity.update(kl_coef=plan.train.loss.kl_coef,
                   eval_split=n_eval if dataset and rc.eval.every else 0)
+  if env_factory is not None:
+    identity.update(env=rc.agent.env, max_turns=rc.agent.max_turns,
+                    max_turn_tokens=rc.agent.max_turn_tokens)
   ckpt = dataclasses.replace(rc.checkpoint, identity=json.loads(json.dumps(identity)))
-  return Recipe(rc, spec, model, CountingTask(task), plan, ckpt, eval_task, eval_indices, notes)
+  return Recipe(rc, spec, model, CountingTask(task), plan, ckpt, eval_task, eval_indices, notes,
+                env_factory, fmt)
+
+
+def _env_factory(rc: RunConfig, task: Any) -> Any:
+  """The per-episode env factory: `--env=module:Class` (called with the task when its
+  constructor takes one), the task's own `make_env`, or None (single-turn training)."""
+  if rc.agent.env:
+    cls = load_env(rc.agent.env)
+    return lambda: call_env_factory(cls, task)
+  return getattr(task, "make_env", None)
+
+
+def _env_chars(env_factory: Any) -> str:
+  """Characters a preset's character tokenizer needs for an env's episodes: its `alphabet`,
+  its call markers and tool names, and the newlines around observations."""
+  if env_factory is None:
+    return ""
+  env = env_factory()
+  parser = getattr(env, "parser", None)
+  out = getattr(env, "alphabet", "") + " \n?"
+  if parser is not None:
+    out += parser.open + parser.close + "".join(t.name for t in getattr(env, "tools", ()))
+  return out
+
+
+def agent_driver(recipe: Recipe, session: RolloutSession, *, check_template: bool = True):
+  """`agents.EpisodeDriver` over `session` for the recipe's env (it owns and closes the
+  session)."""
+  from jaxrl_sys.agents.driver import EpisodeDriver  # pylint: disable=import-outside-toplevel
+  config = recipe.agent if check_template else dataclasses.replace(recipe.agent,
+                                                                   check_template=False)
+  return EpisodeDriver(session, recipe.env_factory, recipe.task, recipe.turn_format, config,
+                       close_session=True)
 
 
 # The evaluation always generates in-process, whatever runs the training rollout.
@@ -246,16 +311,18 @@ def rollout_session(recipe: Recipe, *, warmup: bool = False, clock: Clock = WALL
                           seed=plan.loop.seed,
                           compile_cache=jax.config.jax_compilation_cache_dir or None,
                           message=message)
-  return make_client(recipe.rollout, plan.rollout_model, plan.engine, options=options,
-                     clock=clock)
+  session = make_client(recipe.rollout, plan.rollout_model, plan.engine, options=options,
+                        clock=clock)
+  return agent_driver(recipe, session) if recipe.agentic else session
 
 
 def eval_session(recipe: Recipe) -> RolloutSession:
   """The evaluation's rollout session: in-process engines sized for `plan.eval_samples` per
   problem, running the policy in its training dtypes; the caller closes it."""
   plan = recipe.plan
-  return make_client(_IN_PROCESS, plan.train_model, plan.eval_engine,
-                     options=ClientOptions(local_workers=plan.loop.local_workers))
+  session = make_client(_IN_PROCESS, plan.train_model, plan.eval_engine,
+                        options=ClientOptions(local_workers=plan.loop.local_workers))
+  return agent_driver(recipe, session, check_template=False) if recipe.agentic else session
 
 
 def make_loop(recipe: Recipe, mesh: jax.sharding.Mesh, client: RolloutSession,

@@ -250,6 +250,11 @@ def _plot(recipe: Recipe, run_dir: str, history: list[dict]) -> None:
                 ("mismatch_mean", "mismatch_max", "mismatch_out_frac")),
                title=f"{rc.train.algo} on {rc.task.name} ({rc.loop.mode}, mesh "
                      f"{rc.distributed.mesh})")
+  if recipe.agentic:
+    plot_history(history, os.path.join(run_dir, "agent.png"),
+                 (("episode_success", "eval_reward"), "episode_turns",
+                  ("tool_error_frac", "prefetch_hit_frac")),
+                 title=f"episodes on {rc.task.name} (max {rc.agent.max_turns} turns)")
   if recipe.rollout.rollout == "ray":
     plot_history(history, os.path.join(run_dir, "offload.png"),
                  ("t_seed", "live_workers", "time_step"),

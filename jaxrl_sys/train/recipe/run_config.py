@@ -13,6 +13,7 @@
       distributed  DistributedConfig  devices and processes: the mesh, the multi-process job (dist/)
       output       OutputConfig       where a run writes (not part of its config.json)
       precision    PrecisionConfig    dtypes of masters, compute, rollout (train/precision.py)
+      agent        AgentConfig        multi-turn episodes: env, turns, tools (agents/)
 
 Every setting is one field of one section, documented in the section's `Attributes:`
 docstring and validated in the section's `__post_init__` (checks that need two sections live
@@ -46,6 +47,7 @@ import typing
 from typing import Any, Mapping
 
 from jaxrl_sys.rollout.setup.spec import RolloutSetup
+from jaxrl_sys.agents.config import AgentConfig
 from jaxrl_sys.train.multihost.job import DistributedConfig
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.precision import PrecisionConfig
@@ -225,6 +227,8 @@ ALIASES = {
     "out_dir": "output.out_dir", "overwrite": "output.overwrite",
     "export_hf": "output.export_hf", "progress": "output.progress",
     "behav_weight_cap": "train.behav_weight_cap",
+    "env": "agent.env", "max_turns": "agent.max_turns", "tool_timeout": "agent.tool_timeout",
+    "tool_workers": "agent.tool_workers",
     **{name: f"precision.{name}" for name in ("param_dtype", "compute_dtype", "rollout_dtype",
                                               "export_dtype")},
     **{name: f"rollout.{name}" for name in (
@@ -255,6 +259,7 @@ class RunConfig:
   distributed: DistributedConfig = DistributedConfig()
   output: OutputConfig = OutputConfig()
   precision: PrecisionConfig = PrecisionConfig()
+  agent: AgentConfig = AgentConfig()
 
   def __post_init__(self):
     if self.loop.group_size < 2:

@@ -19,7 +19,8 @@ lengths, and no step computes a padded column its rows do not have.
 MoE policies under routing replay also pack the rollout's routes (`Request.routes`) position by
 position beside the tokens: `routes [rows, T, layers, k]` and `route_mask [rows, T]`, False
 where no route was recorded (padding, padding rows, the last response token, which the engine
-never fed, and samples without routes): those positions route live.
+never fed, the tokens an episode added after its last turn, and samples without routes): those
+positions route live.
 """
 from __future__ import annotations
 
@@ -68,8 +69,11 @@ class Sample:
     tokens, logprobs, versions: `[Lr]` response tokens, behaviour log-probs, weight versions.
     advantage: the sample's advantage.
     weight: 1.0, or 0.0 to exclude it from the gradient (MC-GRPO pivot).
-    routes: `[Lp + Lr - 1, layers, k]` the rollout's expert ids of every fed position
-      (`Request.routes`), or None.
+    routes: `[m, layers, k]` the rollout's expert ids of the first m fed positions
+      (`Request.routes`; m = Lp + Lr - 1, or fewer for a multi-turn episode whose last
+      observation was never fed: the positions after m route live), or None.
+    mask: `[Lr]` float32 per-token loss mask, or None (all 1): a multi-turn episode's is 1 on
+      the tokens the policy sampled and 0 on observations and template glue.
   """
   prompt: np.ndarray
   tokens: np.ndarray
@@ -78,6 +82,7 @@ class Sample:
   advantage: float
   weight: float = 1.0
   routes: np.ndarray | None = None
+  mask: np.ndarray | None = None
 
 
 def micro_batches(num_groups: int, max_groups: int, min_groups: int = 1) -> list[tuple[int, int]]:
@@ -191,20 +196,32 @@ def pack(samples: Sequence[Sample], rows: int, seq_len: int, pad_id: int = 0,
     nxt = seq[1 + start[i]:]            # the targets from the window's first position on
     targets[i, :min(len(nxt), w)] = nxt[:w]
     sl = slice(first, first + lr)
-    loss_mask[i, sl] = float(s.weight)
+    loss_mask[i, sl] = float(s.weight) * (1.0 if s.mask is None else np.asarray(s.mask,
+                                                                                 np.float32))
     behav[i, sl] = s.logprobs
     versions[i, sl] = s.versions
     adv[i] = s.advantage
     if routes is not None and s.routes is not None and len(s.routes):
-      if len(s.routes) != lp + lr - 1 or s.routes.shape[1:] != routes.shape[2:]:
+      need = _routes_needed(s, lp, lr)
+      if not need <= len(s.routes) <= lp + lr - 1 or s.routes.shape[1:] != routes.shape[2:]:
+        want = (f"prompt + response - 1 = {lp + lr - 1}" if need == lp + lr - 1 else
+                f"{need} (up to the last sampled token) to {lp + lr - 1}")
         raise ValueError(f"a sample's routes have shape {list(s.routes.shape)}; expected "
-                         f"[prompt + response - 1 = {lp + lr - 1}, {routes.shape[2]}, "
-                         f"{routes.shape[3]}]")
+                         f"[{want}, {routes.shape[2]}, {routes.shape[3]}]")
       m = min(len(s.routes), t)
       routes[i, :m] = s.routes[:m]
       route_mask[i, :m] = True
   return TrainBatch(tokens, targets, attn, loss_mask, behav, versions, adv, start, routes,
                     route_mask)
+
+
+def _routes_needed(s: Sample, lp: int, lr: int) -> int:
+  """The fed positions whose routes a sample must record: all (`lp + lr - 1`), or with a loss
+  mask (a multi-turn episode) those up to the one that produced its last sampled token."""
+  if s.mask is None:
+    return lp + lr - 1
+  sampled = np.flatnonzero(np.asarray(s.mask) > 0)
+  return 0 if not len(sampled) else lp + int(sampled[-1])
 
 
 def stack(batches: Sequence[TrainBatch]) -> TrainBatch:

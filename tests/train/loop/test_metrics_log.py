@@ -7,10 +7,15 @@ import struct
 import subprocess
 import sys
 
-from tensorboardX.proto.event_pb2 import Event, SessionLog
+import pytest
 
 from jaxrl_sys.train.loop.metrics_log import MetricsLogger
 from tests.docs.commands import REPO
+
+# The event files are read back with tensorboardX's protos (a GPU image may lack tensorboardX).
+_pb2 = pytest.importorskip("tensorboardX.proto.event_pb2",
+                           reason="tensorboardX is not installed (pip install tensorboardX)")
+Event, SessionLog = _pb2.Event, _pb2.SessionLog
 
 
 def _records(path):

@@ -25,6 +25,7 @@ t_seed_init worker_cpus worker_gpus worker_token_delay coordinator_address num_p
 process_id local_device_ids distributed_timeout""".split()
 # ... and the precision flags issue 26 names (--param_dtype, ...), typed as often.
 SHORT_FLAGS += "param_dtype compute_dtype rollout_dtype behav_weight_cap export_dtype".split()
+SHORT_FLAGS += "env max_turns tool_timeout tool_workers".split()  # multi-turn episodes
 
 
 def _flags() -> flags.FlagValues:
