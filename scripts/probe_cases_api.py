@@ -249,7 +249,7 @@ except ValueError as e:
     """J4 journeys: small-mode notebook 01 shows the reward not falling"""
     code = ("from tests.notebooks.runner import run_notebook\nimport tempfile, json\n"
             "nb, v = run_notebook('01_quickstart_grpo.ipynb', tempfile.mkdtemp(), probe=("
-            "\"[h['reward_mean'] for h in result.history]\"))\nprint('RESULT', json.dumps(v))")
+            "\"[h['reward_mean'] for h in result.run.history]\"))\nprint('RESULT', json.dumps(v))")
     r = py(code, timeout=400)
     res = next((s for s in r.err.splitlines() if s.startswith("RESULT")), "")
     if not res:
