@@ -54,7 +54,10 @@ def test_chaos_run_survives_a_process_group_sigterm_and_resumes_exactly(tmp_path
   session: the step finishes, the checkpoint is written, exit 0; kills print one line each
   (and pause while no worker has finished starting); `--resume` continues to the same
   parameters as an undisturbed in-process run."""
-  steps = 2  # the command's 4, halved: each step under these kills takes a minute or more
+  # the command's 4, less one: each step under these kills takes a minute or more; the SIGTERM
+  # comes after step 1, so it lands in step 2 and leaves step 3 to the resume (with 2 steps it
+  # could land in the last one, which then finishes the run)
+  steps = 3
   ref = tmp_path / "ref"
   recipe_lib.run_recipe(recipe_lib.build_recipe(quick(steps=steps, prompts_per_step=8,
                                                       out_dir=str(ref))), messages=False)
