@@ -38,6 +38,7 @@ KLWhere = Literal["loss", "reward"]
 Aggregation = Literal[
     "seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm", "seq_mean_token_sum"]
 CapMode = Literal["clamp", "mask"]
+OldPolicy = Literal["proximal", "behaviour"]
 
 BASELINES = ("mean", "median")
 SCALES = ("std", "none", "mad")
@@ -46,6 +47,7 @@ KL_WHERE = ("loss", "reward")
 AGGREGATIONS = (
     "seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm", "seq_mean_token_sum")
 CAP_MODES = ("clamp", "mask")
+OLD_POLICIES = ("proximal", "behaviour")
 
 
 def _one_of(name, value, allowed):
@@ -105,6 +107,12 @@ class PolicyLossConfig:
     behav_weight_cap_mode: "clamp" truncates the weight at the cap; "mask" zeroes tokens whose
       weight exceeds it (they stay in the denominator, as in AReaL).
     logratio_clamp: log-ratios are clamped to [-c, c] before exp (Tunix/verl use 20); None = off.
+    old_policy: the policy the train step takes the ratio (and its clip) against. "proximal":
+      the parameters before this update; the step makes one update per batch, so the ratio is
+      exactly 1 and no clip binds (only the decoupled behaviour weight sees staleness).
+      "behaviour": the rollout engine's log-probs (coupled PPO, verl's rollout-log-probs
+      mode): stale samples move the ratio off 1 and the clip binds on them, as in PPO's
+      several updates per batch. Excludes `decoupled`.
   """
   clip_eps_low: float = 0.2
   clip_eps_high: float = 0.2
@@ -119,6 +127,7 @@ class PolicyLossConfig:
   behav_weight_cap: float | None = None
   behav_weight_cap_mode: CapMode = "clamp"
   logratio_clamp: float | None = 20.0
+  old_policy: OldPolicy = "proximal"
 
   def __post_init__(self):
     if not 0 <= self.clip_eps_low <= 1:
@@ -138,10 +147,20 @@ class PolicyLossConfig:
     if self.behav_weight_cap is not None and not self.behav_weight_cap > 0:
       raise ValueError(f"behav_weight_cap must be > 0, got {self.behav_weight_cap}")
     _one_of("behav_weight_cap_mode", self.behav_weight_cap_mode, CAP_MODES)
+    _one_of("old_policy", self.old_policy, OLD_POLICIES)
+    if self.old_policy == "behaviour" and self.decoupled:
+      raise ValueError("old_policy='behaviour' takes the ratio against the behaviour policy "
+                       "already: set decoupled=False (and no behav_weight_cap) with it")
     if self.logratio_clamp is not None and not self.logratio_clamp > 0:
       raise ValueError(f"logratio_clamp must be > 0, got {self.logratio_clamp}")
 
 
+# The presets follow the published recipes, and three of them (dapo, drgrpo, vcpo) have no KL
+# term: measured on the tiny preset (benchmarks/algorithms.py, docs/algorithms.md), without a
+# KL anchor a high learning rate (5e-3) collapses every algorithm, the vcpo preset included,
+# most surely off-policy (async, max_staleness 8): the reward falls to ~0 within 10-20 steps.
+# With such settings keep kl_coef 0.04 (VCPO then beats GRPO at staleness >= 8) or lower the
+# learning rate; the loop reports a collapse once (train/loop/collapse.py).
 _PRESETS = {
     # DeepSeekMath GRPO: group mean/std, symmetric clip 0.2, k3 KL beta 0.04 in the loss,
     # sequence-mean-token-mean.
@@ -176,6 +195,10 @@ def preset(name: str) -> tuple[AdvantageConfig, PolicyLossConfig]:
 
   Returns:
     The two frozen configs; derive variants with `dataclasses.replace`.
+
+  "dapo", "drgrpo" and "vcpo" have no KL term (their papers' settings): at high learning
+  rates, most surely off-policy, they collapse (docs/algorithms.md); add one with
+  `dataclasses.replace(loss, kl_coef=0.04)`.
   """
   try:
     return _PRESETS[name]

@@ -25,13 +25,19 @@ class ArithmeticTask:
   """"a+b=" style problems; operands have 1..`num_digits` digits; ops from `ops`.
 
   Subtraction never goes negative unless `allow_negative`. Reward 1.0 when the completion
-  starts with the exact integer result, else 0.0.
+  starts with the exact integer result, else 0.0; what follows the integer is not read.
+
+  `filler` > 0 makes length free (for length-bias studies, e.g. GRPO vs Dr. GRPO): each
+  reference answer is followed by 0..`filler` spaces (a count drawn per problem, independent
+  of the problem), so the supervised warm-up teaches a spread of lengths that the reward does
+  not see. Give the run `max_new_tokens` >= the longest answer + `filler` + 1.
   """
   num_digits: int = 2
   ops: str = "+-"
   seed: int = 0
   allow_negative: bool = False
   min_digits: int = 1
+  filler: int = 0
   name: str = "arithmetic"
 
   def __post_init__(self):
@@ -41,6 +47,8 @@ class ArithmeticTask:
     bad = set(self.ops) - set("+-*")
     if bad or not self.ops:
       raise ValueError(f"ArithmeticTask ops must be drawn from '+-*', got {self.ops!r}")
+    if self.filler < 0:
+      raise ValueError(f"ArithmeticTask filler must be >= 0, got {self.filler}")
 
   def problem(self, index: int) -> Problem:
     rng = np.random.default_rng([self.seed, index, 17])
@@ -55,7 +63,8 @@ class ArithmeticTask:
     if op == "-" and not self.allow_negative and b > a:
       a, b = b, a
     value = a + b if op == "+" else a - b if op == "-" else a * b
-    return Problem(prompt=f"{a}{op}{b}=", answer=str(value), meta={"value": value})
+    pad = int(rng.integers(self.filler + 1)) if self.filler else 0
+    return Problem(prompt=f"{a}{op}{b}=", answer=str(value) + " " * pad, meta={"value": value})
 
   def reward(self, problem: Problem, completion: str) -> float:
     got = parse_integer_answer(completion)

@@ -25,6 +25,8 @@ docs/architecture.md).
   `CheckpointMismatchError` when a checkpoint belongs to another run configuration.
   `CheckpointConfig`.
 - `DivergenceGuard` / `DivergenceError`: a non-finite loss or gradient stops the run.
+- `CollapseWatch` / `collapse_onset` / `CollapseRule`: a policy collapse (reward fallen, no
+  learning signal left) is reported once (docs/algorithms.md).
 - `RolloutBuffer`: in-flight groups and partial requests, serialised as arrays + JSON.
 - `supervised_warmup`, `evaluate`, `PeriodicEval`, `MetricsLogger`, `Progress`, `plot_history`.
 
@@ -50,6 +52,8 @@ _NAMES = {
     "CheckpointConfig": "jaxrl_sys.train.loop.config",
     "CheckpointMismatchError": "jaxrl_sys.train.loop.compat",
     "Checkpointer": "jaxrl_sys.train.loop.checkpoint",
+    "CollapseRule": "jaxrl_sys.train.loop.collapse",
+    "CollapseWatch": "jaxrl_sys.train.loop.collapse",
     "DivergenceError": "jaxrl_sys.train.loop.guard",
     "DivergenceGuard": "jaxrl_sys.train.loop.guard",
     "LoopConfig": "jaxrl_sys.train.loop.config",
@@ -77,6 +81,7 @@ _NAMES = {
     "accumulate": "jaxrl_sys.train.step.update",
     "apply": "jaxrl_sys.train.step.update",
     "build_recipe": "jaxrl_sys.train.recipe.build",
+    "collapse_onset": "jaxrl_sys.train.loop.collapse",
     "evaluate": "jaxrl_sys.train.loop.evaluate",
     "fingerprint": "jaxrl_sys.train.loop.checkpoint",
     "fused_step": "jaxrl_sys.train.step.update",

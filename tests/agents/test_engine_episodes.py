@@ -13,6 +13,7 @@ from jaxrl_sys.agents import AgentConfig, EpisodeDriver, turn_request_id
 from jaxrl_sys.losses.policy import policy_loss
 from jaxrl_sys.models import forward, unembedding
 from jaxrl_sys.rollout import InProcessWorker, ManagerConfig, RolloutManager
+from jaxrl_sys.rollout.elastic.offload import OffloadConfig, OffloadDriver
 from jaxrl_sys.tasks import TaskEnv
 from jaxrl_sys.tasks.turns import PlainFormat
 from jaxrl_sys.train.loop.groups import group_requests
@@ -177,3 +178,41 @@ def test_aborted_episodes_resume_exactly(episodes):
     for f in ("tokens", "logprobs", "versions"):
       np.testing.assert_allclose(getattr(got[e].request, f), getattr(c.request, f), atol=1e-5)
   driver.close()
+
+
+def test_episodes_under_the_adaptive_offload_end_as_undisturbed(episodes):
+  """The trainer's engine starts the episodes, hands off at the window's end (turns in flight
+  seeded to the remote worker, every token kept), the remote one finishes them: every episode
+  as the undisturbed run, whose turns all ran on one engine."""
+  undisturbed, _ = episodes
+  local = InProcessWorker("trainer", common.CFG, common.engine_config(), local=True)
+  remote = InProcessWorker("spot", common.CFG, common.engine_config(), local=False)
+  m = RolloutManager([local, remote])
+  m.publish(common.params(), 0)
+  offload = OffloadDriver(OffloadConfig(t_init=1e9))
+  m.add_tick_hook(offload)
+  driver = EpisodeDriver(m, common.EchoEnv, common.TASK, PlainFormat(common.TOK),
+                         AgentConfig(max_turns=3, max_turn_tokens=common.TURN_TOKENS))
+  driver.submit(_requests())
+  offload.begin_step(m)
+  m.set_accepting("spot", False)  # the spot worker is still starting: the trainer seeds alone
+  assert offload.deadline() is not None
+  out = {}
+  while m.fleet.stats.tokens == 0:  # until the trainer's engine generated a chunk
+    out.update((c.request_id, c) for c in driver.poll(min_count=0, timeout=0.01))
+  m.set_accepting("spot", True)
+  assert offload.hand_off(m) > 0
+  out.update(run_all(driver, []))
+  driver.close()
+  assert sorted(out) == sorted(undisturbed)
+  for e, c in undisturbed.items():
+    np.testing.assert_array_equal(out[e].request.tokens, c.request.tokens)
+    np.testing.assert_array_equal(out[e].request.versions, c.request.versions)
+    np.testing.assert_allclose(out[e].request.logprobs, c.request.logprobs, atol=1e-5)
+    assert out[e].request.meta["episode"] == c.request.meta["episode"]
+  # Turns ran on both sides: seeded ones continued on the spot worker where the trainer stopped.
+  workers = {w for e in out for t in range(3)
+             for w, _, _ in m.fleet.provenance(turn_request_id(e, t))}
+  assert workers == {"trainer", "spot"}
+  metrics = offload.end_step(m, t_wait_train=0.0, t_train=1.0)
+  assert metrics["tokens_local"] > 0 and metrics["tokens_remote"] > 0

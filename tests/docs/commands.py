@@ -182,6 +182,16 @@ COVERAGE = {
     # the notebook itself runs in tests/notebooks through nbclient, the engine of this command
     "JAXRL_SMALL=1 jupyter execute --inplace notebooks/01_quickstart_grpo.ipynb": External(
         "jupyter execute", ("--inplace",)),
+    "python -m benchmarks.algorithms": Mapped(
+        "tests/benchmarks/test_algorithms_quick.py::test_algorithms_quick",
+        "--quick --only moe,collapse (the full run takes ~20 min on 2 cores)"),
+    "python -m benchmarks.algorithms --quick": Mapped(
+        "tests/benchmarks/test_algorithms_quick.py::test_algorithms_quick",
+        "--quick --only moe,collapse"),
+    "python -m experiments.grpo --mode=async --max_staleness=8 --learning_rate=5e-3 "
+    "--kl_coef=0": Mapped(
+        "tests/benchmarks/test_algorithms_quick.py::test_algorithms_quick",
+        "the same settings through the recipe API, 24 steps of 32 prompts: the collapse note"),
     "python -m experiments.spot_sim --preset=measured:benchmarks/results": Mapped(
         "tests/sim/test_driver.py::"
         "test_a_preset_calibrated_from_our_benchmarks_drives_the_same_simulation",

@@ -66,8 +66,11 @@ def policy_loss(lp, old, adv, mask, *, clip_eps_low=0.2, clip_eps_high=0.2, dual
                 kl_coef=0.0, kl_estimator="k3", kl_where="loss", ref=None, entropy=None,
                 entropy_coef=0.0, behav=None, behav_weight_cap=None,
                 behav_weight_cap_mode="clamp", aggregation="seq_mean_token_mean",
-                drgrpo_constant_length=None, logratio_clamp=20.0, decoupled=False):
-  """Returns (loss, numerator, denominator, metrics) in float64."""
+                drgrpo_constant_length=None, logratio_clamp=20.0, decoupled=False,
+                old_policy="proximal"):
+  """Returns (loss, numerator, denominator, metrics) in float64. `old_policy` (which log-probs
+  the train step passes as `old`) is the caller's choice: `old` is used as given."""
+  del old_policy
   lp, old = np.asarray(lp, np.float64), np.asarray(old, np.float64)
   adv = np.asarray(adv, np.float64)
   if adv.ndim == 1:

@@ -32,6 +32,23 @@ def test_arithmetic_is_deterministic_and_correct():
   assert t.reward(t.problem(0), "") == 0.0
 
 
+def test_arithmetic_filler_frees_the_length_only():
+  plain, filled = tasks.ArithmeticTask(num_digits=1, ops="+"), tasks.ArithmeticTask(
+      num_digits=1, ops="+", filler=8)
+  pads = []
+  for i in range(300):
+    p, q = plain.problem(i), filled.problem(i)
+    a, b = map(int, re.fullmatch(r"(\d)\+(\d)=", p.prompt).groups())
+    assert q.prompt == p.prompt and p.answer == str(a + b)     # same problems, filler=0 as before
+    assert q.answer.rstrip(" ") == p.answer and set(q.answer[len(p.answer):]) <= {" "}
+    pads.append(len(q.answer) - len(p.answer))
+    assert filled.reward(q, q.answer) == 1.0 == filled.reward(q, p.answer)
+  # 0..8 spaces, each count drawn (uniform: every value appears in 300 draws)
+  assert sorted(set(pads)) == list(range(9))
+  with pytest.raises(ValueError, match="filler"):
+    tasks.ArithmeticTask(filler=-1)
+
+
 def test_countdown_reference_answers_score_one_and_cheats_zero():
   t = tasks.CountdownTask(count=4, max_number=9, seed=1)
   for i in range(100):

@@ -4,8 +4,9 @@
 `plan` (`RunPlan`: the run's arithmetic, computed once), `local_step` / `process_group` (one
 train step in one process, or this process's rows of it over several), `buffer` (in-flight
 groups), `groups` (requests and scoring), `guard` (divergence), `checkpoint` / `compat` (orbax
-saves and resume checks), `metrics_log` (metrics, progress, plots), `evaluate` /
-`periodic_eval` (held-out rewards), `supervised` (the warm-up), `step_stats` (a step's
-host-side rollout statistics) and `stop_signals` (SIGTERM / SIGINT). The loop is handed its
+saves and resume checks), `metrics_log` (metrics, progress, plots), `collapse` (the
+policy-collapse note), `evaluate` / `periodic_eval` (held-out rewards), `supervised` (the
+warm-up), `step_stats` (a step's host-side rollout statistics) and `stop_signals` (SIGTERM /
+SIGINT). The loop is handed its
 rollout session (`rollout.types.RolloutSession`) and never builds one.
 """

@@ -14,7 +14,8 @@ Owns every side effect: the rollout client, signals, checkpoints, logs. One iter
    requests still in flight are aborted into the buffer (resubmitted first at the next
    admission, their remaining tokens gated to the new version); in async mode in-flight requests
    keep generating on the new weights (the engine recomputes their KV on the swap: AReaL's
-   interruptible generation); metrics are logged and a checkpoint saved when due. The
+   interruptible generation); metrics are logged (a policy collapse is reported once:
+   `train.loop.collapse`) and a checkpoint saved when due. The
    checkpoint holds the rollout client's `snapshot()` of in-flight token state, so a resumed run
    resubmits exactly what was in flight.
 
@@ -47,6 +48,7 @@ from jaxrl_sys.rollout.types import RolloutSession
 from jaxrl_sys.rollout.wire import request_to_json
 from jaxrl_sys.train.multihost import collectives as multihost
 from jaxrl_sys.train.loop.buffer import RolloutBuffer
+from jaxrl_sys.train.loop.collapse import CollapseWatch
 from jaxrl_sys.train.loop.checkpoint import Checkpointer, CheckpointsUnreadable
 from jaxrl_sys.train.loop.config import CheckpointConfig
 from jaxrl_sys.train.loop.groups import group_requests
@@ -304,6 +306,7 @@ class RLLoop:
     self.progress.phase("compiling... (first step)")
     history, preempted = [], False
     poll = functools.partial(self._poll, buffer)
+    collapse = CollapseWatch(self.progress.message)  # says once when the policy collapses
     try:
       while step < self.lc.steps:
         self.signals.check()
@@ -334,6 +337,7 @@ class RLLoop:
         for hook in self.step_hooks:
           hook(step, state, row)
         diverged = self.guard.check(step, row, self.ckpt)
+        collapse.check(step, row)
         history.append(row)
         self.logger.log(step, row)
         self.progress.update(step, row, newline=step % max(self.lc.log_every, 1) == 0)

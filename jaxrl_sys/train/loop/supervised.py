@@ -49,6 +49,13 @@ def sft_step(params, opt_state, tokens, attention_mask, loss_mask, *, config: Mo
   return optax.apply_updates(params, updates), opt_state, loss
 
 
+@functools.lru_cache(maxsize=8)
+def _sft_optimizer(learning_rate: float) -> optax.GradientTransformation:
+  """One optimizer object per learning rate: `sft_step` takes it as a static argument, so a
+  new object (its functions compare by identity) would compile the step again on every call."""
+  return optax.adamw(learning_rate, b1=0.9, b2=0.99, weight_decay=0.0)
+
+
 def supervised_warmup(params: Any, config: ModelConfig, task, tokenizer, *, steps: int,
                       batch_size: int = 32, learning_rate: float = 3e-3, seq_len: int,
                       start: int = 1_000_000, callback: Callable[[int, float], None] | None = None
@@ -68,7 +75,7 @@ def supervised_warmup(params: Any, config: ModelConfig, task, tokenizer, *, step
   """
   if steps <= 0:
     return params
-  optimizer = optax.adamw(learning_rate, b1=0.9, b2=0.99, weight_decay=0.0)
+  optimizer = _sft_optimizer(float(learning_rate))
   params = jax.tree.map(jnp.copy, params)
   opt_state = optimizer.init(params)
   for i in range(steps):

@@ -92,9 +92,12 @@ class AlgoConfig:
   """The RL algorithm; `train_config` turns it into the jitted step's `TrainConfig`.
 
   Attributes:
-    algo: one of grpo | mc_grpo | vcpo | dapo | drgrpo (the loss and advantage presets).
-    kl_coef: KL coefficient to the reference policy (None: the algorithm's preset; 0 drops the
-      reference copy).
+    algo: one of grpo | mc_grpo | vcpo | dapo | drgrpo (the loss and advantage presets;
+      docs/algorithms.md says when each helps).
+    kl_coef: KL coefficient to the reference policy (None: the algorithm's preset: 0.04 for
+      grpo and mc_grpo, 0 for vcpo, dapo and drgrpo; 0 drops the reference copy). Without KL
+      a high learning rate collapses the policy, most surely with --mode=async; keep 0.04
+      there.
     remat: recompute the forward pass's activations in the backward pass (less activation
       memory for longer sequences or larger micro-batches, about a third more compute).
     behav_weight_cap: truncated importance sampling: weigh each token by min(pi_train /

@@ -20,7 +20,9 @@ temperature)` at the temperature the responses were sampled at, read from the ro
 that temperature), over the batch's scoring window (`batch.pack`): the response positions, not
 the prompt's. The proximal policy of the decoupled loss is the
 parameters before this update (one optimizer update per step), i.e. `stop_gradient` of the
-same forward pass; the behaviour policy is the rollout engine's log-probs. The reference
+same forward pass; the behaviour policy is the rollout engine's log-probs. The ratio is taken
+against the proximal policy (exactly 1), or against the behaviour policy with
+`loss.old_policy == "behaviour"` (coupled PPO: the clip binds on stale samples). The reference
 policy (KL) is a frozen copy in the state, skipped when the KL coefficient is 0.
 
 MoE routing replay (`TrainConfig.routing_replay`): "R3" runs the policy forward (and the
@@ -169,7 +171,10 @@ def _micro_loss(params, state: TrainState, mb: TrainBatch, model_config: ModelCo
                                routes)
     ref = jax.lax.stop_gradient(ref)
   prox = jax.lax.stop_gradient(lp)
-  out = policy_loss(lp, prox, mb.advantages, mask, config=tc.loss, ref_logprobs=ref,
+  # The ratio's anchor: the proximal policy (ratio 1, one update per step) or the behaviour
+  # policy (coupled PPO: staleness moves the ratio; `PolicyLossConfig.old_policy`).
+  old = mb.behav_logprobs if tc.loss.old_policy == "behaviour" else prox
+  out = policy_loss(lp, old, mb.advantages, mask, config=tc.loss, ref_logprobs=ref,
                     behav_logprobs=mb.behav_logprobs if tc.loss.decoupled else None,
                     entropy=ent, denominator=jnp.ones([], jnp.float32))
   den = loss_denominator(mask, tc.loss.aggregation,

@@ -301,3 +301,33 @@ def test_a_synchronous_worker_is_never_waited_for():
     m.submit(reqs)
     check_complete(drain(m), reqs)
   assert clock.now() == 0.0
+
+
+@pytest.mark.parametrize("sticky", [True, False])
+def test_a_sessions_next_request_goes_to_the_worker_that_served_its_last(sticky):
+  """Sticky sessions: each session's second request returns to the worker that finished its
+  first, against the join-shortest-queue order (submitted in reverse); once that worker is
+  gone, elsewhere. Without stickiness, plain join-shortest-queue."""
+  clock = ManualClock()
+  ws = [FakeWorker(f"w{i}", clock, num_slots=4, latency=0.1) for i in range(2)]
+  m = manager(ws, clock, sticky_sessions=sticky, balance=False)
+
+  def turn(first_id, sessions):
+    reqs = make_requests(len(sessions), seed=first_id, first_id=first_id)
+    for r, s in zip(reqs, sessions):
+      r.meta["session"] = s
+    m.submit(reqs)
+    out = drain(m)
+    check_complete(out, reqs)
+    return {r.meta["session"]: m.fleet.provenance(r.request_id)[0][0] for r in reqs}
+
+  first = turn(0, ["a", "b", "c", "d"])
+  assert set(first.values()) == {"w0", "w1"}
+  second = turn(10, ["d", "c", "b", "a"])
+  if sticky:
+    assert second == first
+  else:
+    assert second != first
+  m.remove_worker(first["a"])
+  third = turn(20, ["a"])
+  assert third["a"] != first["a"]

@@ -193,3 +193,38 @@ def test_fused_step_equals_the_pieces_and_keeps_the_parameters():
                _host(a.opt_state), _host(b.opt_state))
   for k in ("loss", "kl", "grad_norm", "update_norm", "num_tokens", "moe/avg_maxvio"):
     np.testing.assert_allclose(ma[k], mb_[k], rtol=1e-5, atol=1e-9, err_msg=k)
+
+
+def test_behaviour_anchor_clips_against_the_rollout_logprobs():
+  """`loss.old_policy="behaviour"`: the step's ratio is pi_theta / pi_behav, so its clip
+  fractions equal a numpy count over exp(lp - behav) with DAPO's clip range (the default
+  anchor, the proximal policy, has ratio 1: nothing clips, as the benchmark records)."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.models import forward, logits_from_hidden  # pylint: disable=import-outside-toplevel
+  mc, tc, opt, mesh, _ = _setup(algo="dapo")
+  coupled = dataclasses.replace(tc, loss=dataclasses.replace(
+      tc.loss, decoupled=False, old_policy="behaviour"))
+  cfns = make_train_fns(mc, coupled, opt, abstract_state(mc, coupled, opt), mesh, donate=False)
+  state = init_train_state(mc, tc, opt, mesh=mesh, seed=0)
+  b = batch_lib.pack(_samples(40, seed=5), ROWS, SEQ)
+  logits = logits_from_hidden(state.params, mc, forward(
+      state.params, mc, jnp.asarray(b.tokens), attention_mask=jnp.asarray(b.attention_mask))
+      .hidden)
+  lp = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits, axis=-1), np.float64),
+                          b.targets[..., None], axis=-1)[..., 0]
+  live = b.loss_mask > 0
+  # Behaviour log-probs off the current policy's by N(0, 0.5): ratios on both sides of 1.
+  noise = np.random.default_rng(0).normal(0, 0.5, lp.shape)
+  b = b._replace(behav_logprobs=np.where(live, lp + noise, 0).astype(np.float32))
+  ratio = np.exp(lp - b.behav_logprobs)[live]
+  adv = np.broadcast_to(b.advantages[:, None], live.shape)[live]
+  low, high = (adv < 0) & (ratio < 0.8), (adv > 0) & (ratio > 1.28)
+  assert 0 < low.mean() and 0 < high.mean()
+
+  mb = cfns.put_batch(b)
+  m = jax.device_get(cfns.apply(state, cfns.accumulate(state, cfns.init_accum(state, mb), mb))[1])
+  np.testing.assert_allclose(m["clip_frac_low"], low.mean(), atol=1e-6)
+  np.testing.assert_allclose(m["clip_frac_high"], high.mean(), atol=1e-6)
+  with np.testing.assert_raises(ValueError):  # the behaviour weight would be 1: refused
+    dataclasses.replace(tc.loss, decoupled=True, old_policy="behaviour")
