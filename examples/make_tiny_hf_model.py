@@ -3,7 +3,9 @@
     python -m examples.make_tiny_hf_model /tmp/tiny-qwen3
 
 A 2-layer Qwen3 (`transformers.Qwen3ForCausalLM.save_pretrained`, safetensors) with the
-arithmetic task's character tokenizer as tokenizer.json, and a small chat template.
+arithmetic task's character tokenizer as tokenizer.json, and a small chat template. The tokenizer
+knows only the 20 characters "0123456789+-*/=():, "; any other character becomes its unknown
+token "<pad>" (a run over such prompts says so when it starts).
 """
 import json
 import os

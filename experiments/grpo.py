@@ -38,6 +38,7 @@ docs/multihost.md.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -165,9 +166,15 @@ def join_job():
   (`train.multihost.job.initialize`) with the `distributed` section of the flags (and the
   --config file); returns its watchdog (None for one process)."""
   from jaxrl_sys.train.multihost import job  # pylint: disable=import-outside-toplevel
+  from jaxrl_sys.train.recipe import config_file  # pylint: disable=import-outside-toplevel
   if FLAGS.config:
     cli.apply_config_file(FLAGS.config, FLAGS)
-  return job.initialize(cli.run_config_from_flags(FLAGS).distributed)
+  rc = cli.run_config_from_flags(FLAGS)
+  # what every process must agree on: the run's settings (not where it writes or how this
+  # process is placed) and whether it resumes
+  settings = config_file.flatten(config_file.reproducible(rc))
+  settings["resume"] = bool(FLAGS.resume)
+  return job.initialize(rc.distributed, settings=json.loads(json.dumps(settings)))
 
 
 def main(argv):
@@ -182,11 +189,15 @@ def main(argv):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   absl_logging.set_verbosity(absl_logging.WARNING)
+  from jaxrl_sys.train.multihost import job  # pylint: disable=import-outside-toplevel
   try:
     watchdog = join_job()
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except job.JoinError as e:  # a process missing at start-up: as a lost one
+    print(f"error: {e}", file=sys.stderr)
+    return job.EXIT_LOST_PROCESS
   try:
     code = _train(jax, recipe_lib, DivergenceError)
   except Exception as e:  # pylint: disable=broad-except
@@ -210,6 +221,7 @@ def _train(jax, recipe_lib, DivergenceError):  # pylint: disable=invalid-name
   """Builds and runs the recipe; returns the exit status."""
   # pylint: disable-next=import-outside-toplevel
   from jaxrl_sys.rollout.manager import RequestFailedError, RolloutStalledError, WeightLoadError
+  from jaxrl_sys.rollout.weights import WeightPublishError  # pylint: disable=import-outside-toplevel
   try:
     rc = recipe_from_flags()
     print(f"loading model {rc.model.name!r} and task {rc.task.name!r}", file=sys.stderr)
@@ -227,7 +239,7 @@ def _train(jax, recipe_lib, DivergenceError):  # pylint: disable=invalid-name
     print(f"interrupted ({what}); the checkpoint save in flight, if any, was written: continue "
           "with --resume", file=sys.stderr)
     return 130
-  except (RequestFailedError, RolloutStalledError, WeightLoadError) as e:
+  except (RequestFailedError, RolloutStalledError, WeightLoadError, WeightPublishError) as e:
     print(f"error: rollout: {e}", file=sys.stderr)  # checkpoints already saved are kept
     return 1
   run = result.run

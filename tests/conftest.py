@@ -94,7 +94,9 @@ def ray_session():
 
 def _stop_ray() -> None:
   if _RAY:
-    _RAY.pop().shutdown()
+    _RAY.pop()
+    from jaxrl_sys.rollout.workers.ray import shutdown_ray  # pylint: disable=import-outside-toplevel
+    shutdown_ray()  # also a local head a run started in its own session
 
 
 @pytest.hookimpl(trylast=True)

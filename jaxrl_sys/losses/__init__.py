@@ -15,16 +15,18 @@
   `per_sequence_grad_sq_norms` (per-trajectory gradient norms via vmap(grad)).
 * Configs and presets: `AdvantageConfig`, `PolicyLossConfig`, `preset(name)` for "grpo",
   "dapo", "drgrpo", "mc_grpo", "vcpo" (decisions on the spec's ambiguities: config.py).
-* Checks: `checked(fn)` raises `NonFiniteError` on NaN/inf inputs or outputs (checkify);
-  `validate_rewards` is the host-side validator; `enable_checks` / `check_finite` for use in a
-  trainer's own checkified step.
+* Checks (`losses.checks`): dtypes and static denominators raise at trace time; data checks
+  (NaN/inf, mask values other than 0/1, log-probabilities above 0) raise `LossInputError` /
+  `NonFiniteError` on concrete (eager) inputs and, under `jit`, in checked mode: `checked(fn)`
+  (checkify), or `enable_checks` in a trainer's own checkified step. `validate_rewards` is the
+  host-side reward validator.
 
 Usage: docs/losses.md.
 """
 from jaxrl_sys.losses.advantages import AdvantageOutput, group_advantages, mc_grpo_advantages
 from jaxrl_sys.losses.aggregation import LossOutput, aggregate, loss_denominator
-from jaxrl_sys.losses.checks import (NonFiniteError, check_finite, checked, enable_checks,
-                                     validate_rewards)
+from jaxrl_sys.losses.checks import (LossInputError, NonFiniteError, check_finite, checked,
+                                     enable_checks, validate_rewards)
 from jaxrl_sys.losses.config import PRESETS, AdvantageConfig, PolicyLossConfig, preset
 from jaxrl_sys.losses.ess import (ScaleByESSState, effective_sample_size, ess_lr_scale,
                                   scale_by_ess, sequence_log_weights)
@@ -35,7 +37,8 @@ from jaxrl_sys.losses.policy import (dapo_loss, decoupled_ppo_loss, drgrpo_loss,
                                      policy_loss)
 
 __all__ = [
-    "AdvantageConfig", "AdvantageOutput", "LossOutput", "NonFiniteError", "PRESETS",
+    "AdvantageConfig", "AdvantageOutput", "LossInputError", "LossOutput", "NonFiniteError",
+    "PRESETS",
     "PolicyLossConfig", "ScaleByESSState", "aggregate", "check_finite", "checked", "dapo_loss",
     "decoupled_ppo_loss", "drgrpo_loss", "effective_sample_size", "enable_checks", "ess_lr_scale",
     "grpo_loss", "group_advantages", "kl_estimate", "kl_penalized_rewards", "loss_denominator",

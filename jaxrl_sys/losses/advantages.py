@@ -76,7 +76,12 @@ def group_advantages(
 
   Returns:
     `AdvantageOutput` with advantages and mask of the rewards' shape.
+
+  Raises:
+    TypeError: complex or non-numeric rewards.
+    NonFiniteError: NaN/inf rewards (concrete rewards, or in checked mode).
   """
+  checks.check_dtype(rewards, "group_advantages: rewards")
   rewards = jnp.asarray(rewards)
   checks.check_finite(rewards, "group_advantages: rewards")
   r = as_groups(rewards, group_size)

@@ -22,6 +22,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jaxrl_sys.losses import checks
 from jaxrl_sys.losses.config import AGGREGATIONS, PolicyLossConfig
 
 
@@ -76,6 +77,8 @@ def loss_denominator(
     mode, constant_length = mode.aggregation, mode.drgrpo_constant_length
   _check_mode(mode)
   chex.assert_rank(mask, 2)
+  checks.check_dtype(mask, "loss_denominator: mask")
+  checks.check_mask(mask, "loss_denominator: mask")
   valid = mask != 0
   if mode == "token_mean":
     return jnp.sum(valid).astype(dtype)
@@ -123,7 +126,8 @@ def aggregate(
     mode: aggregation mode.
     constant_length: C of "seq_mean_token_sum_norm".
     denominator: optional externally given denominator (e.g. of the whole batch across
-      micro-batches); it replaces the local one and is treated as a constant.
+      micro-batches); it replaces the local one and is treated as a constant. It must be finite
+      and > 0 while `mask` has a valid token (`checks.check_denominator`).
 
   Returns:
     (loss, numerator, denominator), float scalars.
@@ -134,6 +138,7 @@ def aggregate(
                                    dtype=per_token.dtype)
   else:
     chex.assert_rank(denominator, 0)
+    checks.check_denominator(denominator, mask != 0)
     denominator = jax.lax.stop_gradient(jnp.asarray(denominator, per_token.dtype))
   return safe_divide(numerator, denominator), numerator, denominator
 

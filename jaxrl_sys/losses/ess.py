@@ -51,6 +51,9 @@ def sequence_log_weights(
   """
   chex.assert_rank([logprobs, behav_logprobs, mask], 2)
   chex.assert_equal_shape([logprobs, behav_logprobs, mask])
+  checks.check_dtype(logprobs, "sequence_log_weights: logprobs", allow_bool=False)
+  checks.check_dtype(behav_logprobs, "sequence_log_weights: behav_logprobs", allow_bool=False)
+  checks.check_mask(mask, "sequence_log_weights: mask")
   valid = mask != 0
   checks.check_finite(logprobs, "sequence_log_weights: logprobs", valid)
   checks.check_finite(behav_logprobs, "sequence_log_weights: behav_logprobs", valid)
@@ -70,6 +73,10 @@ def effective_sample_size(log_weights: jax.Array, valid: jax.Array | None = None
     float scalar in [1, number of valid entries] (0 if none is valid or all w are 0).
   """
   chex.assert_rank(log_weights, 1)
+  checks.check_dtype(log_weights, "effective_sample_size: log_weights", allow_bool=False)
+  if log_weights.shape[0] == 0:
+    raise ValueError("effective_sample_size: no log-weights (shape (0,)); the ESS of an empty "
+                     "batch is undefined")
   log_weights = log_weights.astype(jnp.promote_types(log_weights.dtype, jnp.float32))
   checks.check_finite(jnp.where(log_weights == -jnp.inf, 0, log_weights),
                       "effective_sample_size: log_weights", valid)

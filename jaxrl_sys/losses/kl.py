@@ -38,6 +38,8 @@ def kl_estimate(
     caller's job.
   """
   chex.assert_equal_shape([logprobs, ref_logprobs])
+  checks.check_dtype(logprobs, "kl_estimate: logprobs", allow_bool=False)
+  checks.check_dtype(ref_logprobs, "kl_estimate: ref_logprobs", allow_bool=False)
   dtype = jnp.promote_types(jnp.result_type(logprobs, ref_logprobs), jnp.float32)
   log_r = ref_logprobs.astype(dtype) - logprobs.astype(dtype)
   if clamp is not None:
@@ -80,6 +82,8 @@ def kl_penalized_rewards(
   chex.assert_rank([rewards, logprobs], [1, 2])
   chex.assert_equal_shape([logprobs, ref_logprobs, mask])
   chex.assert_equal_shape_prefix([rewards, logprobs], 1)
+  checks.check_dtype(rewards, "kl_penalized_rewards: rewards")
+  checks.check_mask(mask, "kl_penalized_rewards: mask")
   valid = mask != 0
   checks.check_finite(logprobs, "kl_penalized_rewards: logprobs", valid)
   checks.check_finite(ref_logprobs, "kl_penalized_rewards: ref_logprobs", valid)

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
+
+from jaxrl_sys.losses import checks
 
 # A token's ratio pi_train / pi_rollout outside [1 / RATIO_BAND, RATIO_BAND] counts as far off.
 RATIO_BAND = 2.0
@@ -38,6 +41,10 @@ def mismatch_stats(train_logprobs: jax.Array, rollout_logprobs: jax.Array,
     float32 `[]` entries `mismatch_mean`, `mismatch_max`, `mismatch_out_frac` (0 when the mask
     is empty).
   """
+  chex.assert_rank([train_logprobs, rollout_logprobs, mask], 2)
+  chex.assert_equal_shape([train_logprobs, rollout_logprobs, mask])
+  for name, x in (("train_logprobs", train_logprobs), ("rollout_logprobs", rollout_logprobs)):
+    checks.check_dtype(x, f"mismatch_stats: {name}", allow_bool=False)
   valid = mask != 0
   d = jnp.abs(train_logprobs.astype(jnp.float32) - rollout_logprobs.astype(jnp.float32))
   d = jnp.where(valid, d, 0.0)

@@ -48,7 +48,8 @@ def policy_loss(
     old_logprobs: float `[batch, seq]`, log-probs the ratio is anchored to (the proximal policy
       when `config.decoupled`); treated as constants.
     advantages: float `[batch]` (broadcast over tokens) or `[batch, seq]`; constants.
-    mask: `[batch, seq]` bool or {0, 1}; multiply in the MC-GRPO pivot mask beforehand.
+    mask: `[batch, seq]` bool or {0, 1} (other values raise, see `checks`); multiply in the
+      MC-GRPO pivot mask beforehand.
     config: the loss configuration (`preset(name)[1]` for the algorithms' defaults).
     ref_logprobs: float `[batch, seq]`, reference policy; required when `config.kl_coef > 0`
       and `kl_where == "loss"`; if given it is always reported as `aux["kl"]`.
@@ -57,7 +58,9 @@ def policy_loss(
     entropy: float `[batch, seq]`, per-token policy entropy (differentiable); required when
       `config.entropy_coef > 0`, reported when given.
     denominator: optional external denominator (e.g. `loss_denominator` of the whole batch,
-      for gradient accumulation); replaces the local one.
+      for gradient accumulation); replaces the local one. Must be finite and > 0 while the mask
+      has a valid token (a static or concrete one is checked at once, a traced one in checked
+      mode).
 
   Returns:
     `LossOutput(loss, numerator, denominator, aux)`; aux holds `pg_loss`, `clip_frac_low`,
@@ -67,6 +70,12 @@ def policy_loss(
     `behav_weight_capped_frac` and `ess` (VCPO effective sample size of the sequence weights
     pi_theta / pi_behav over the non-empty rows).
     All computation is in at least float32.
+
+  Raises:
+    TypeError: complex or non-numeric inputs (trace time).
+    LossInputError: a bad static denominator (trace time); with concrete inputs or in checked
+      mode also NaN/inf at valid positions (`NonFiniteError`), mask values other than 0 and 1,
+      log-probabilities above 0 (see `losses.checks`).
   """
   chex.assert_rank([logprobs, old_logprobs, mask], 2)
   chex.assert_equal_shape([logprobs, old_logprobs, mask])
@@ -76,6 +85,14 @@ def policy_loss(
                   ("entropy", entropy)):
     if x is not None:
       chex.assert_shape(x, logprobs.shape, custom_message=name)
+  for name, x in (("logprobs", logprobs), ("old_logprobs", old_logprobs),
+                  ("ref_logprobs", ref_logprobs), ("behav_logprobs", behav_logprobs),
+                  ("entropy", entropy)):
+    if x is not None:
+      checks.check_dtype(x, f"policy_loss: {name}", allow_bool=False)
+  checks.check_dtype(advantages, "policy_loss: advantages")
+  checks.check_dtype(mask, "policy_loss: mask")
+  checks.check_mask(mask, "policy_loss: mask")
   kl_in_loss = config.kl_coef > 0 and config.kl_where == "loss"
   if kl_in_loss and ref_logprobs is None:
     raise ValueError("kl_coef > 0 with kl_where='loss' needs ref_logprobs")
@@ -92,6 +109,8 @@ def policy_loss(
 
   def clean(x, name, constant):
     checks.check_finite(x, f"policy_loss: {name}", valid)
+    if name.endswith("logprobs"):
+      checks.check_logprobs(x, f"policy_loss: {name}", valid)
     x = jnp.where(valid, x.astype(dtype), 0)
     return jax.lax.stop_gradient(x) if constant else x
 

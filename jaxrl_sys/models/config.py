@@ -12,6 +12,17 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
 
 
+def dtype_name(dtype: Any) -> Any:
+  """"float32" for "float32", `jnp.float32`, `np.float32` or `np.dtype("float32")`; anything
+  that names no dtype is returned as it is (and refused by the caller)."""
+  if isinstance(dtype, str) or dtype is None:
+    return dtype
+  try:
+    return jnp.dtype(dtype).name
+  except TypeError:
+    return dtype
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeConfig:
   """Rotary position embedding: base `theta` and optional frequency scaling.
@@ -205,6 +216,7 @@ class ModelConfig:
       raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
                        f"({self.num_kv_heads})")
     for name in ("param_dtype", "compute_dtype"):
+      object.__setattr__(self, name, dtype_name(getattr(self, name)))
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; use one of {list(_DTYPES)}")
     if self.attention_impl not in ("auto", "xla", "pallas", "cudnn"):

@@ -92,6 +92,27 @@ class HFTokenizer:
       ids = ids[:ids.index(self.eos_id)]
     return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+  @property
+  def unk_token(self) -> str | None:
+    """The token unknown text becomes (None for byte-level tokenizers, which know every text)."""
+    token = getattr(self._tok.model, "unk_token", None)
+    return token if token and self._tok.token_to_id(token) is not None else None
+
+  def unknown_characters(self, text: str) -> str:
+    """The distinct pieces of `text` (in order) that the tokenizer maps to its unknown token:
+    text the model cannot see ("" for a byte-level tokenizer)."""
+    unk = self.unk_token
+    if unk is None:
+      return ""
+    unk_id = self._tok.token_to_id(unk)
+    enc = self._tok.encode(text, add_special_tokens=False)
+    out = []
+    for i, (a, b) in zip(enc.ids, enc.offsets):
+      piece = text[a:b]
+      if i == unk_id and piece != unk and piece not in out:
+        out.append(piece)
+    return "".join(out)
+
   def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
     """The chat template rendered for `messages` ([{"role": ..., "content": ...}]).
 

@@ -3,7 +3,8 @@
 
     task = DatasetTask.from_file("prompts.jsonl", reward="mymod:score")
 
-Each row is a JSON object with a prompt field (default "prompt") and any other fields; they are
+Each row is a JSON object (a key given twice in one object is an error; a leading UTF-8 byte-order
+mark is skipped) with a prompt field (default "prompt") and any other fields; they are
 passed to the reward as keyword arguments: `score(prompt, completion, **row)`. An "answer" field
 (default name) enables the supervised warm-up and the default `exact_match` reward. Problem
 `i` is row `perm_e[i mod n]` where `perm_e` is a seeded permutation per epoch `e = i // n`, so
@@ -24,6 +25,25 @@ from jaxrl_sys.tasks.rewards import exact_match, load_reward
 FORMATS = ("jsonl", "parquet", "datasets")
 
 
+class RepeatedKeyError(ValueError):
+  """A JSON object names one key twice (`json` would keep the last value silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+  """`json` object hook: the object, refusing a key given twice."""
+  out: dict = {}
+  for key, value in pairs:
+    if key in out:
+      raise RepeatedKeyError(f"the key {key!r} appears twice in one object ({out[key]!r:.40} "
+                             f"and {value!r:.40}); JSON keeps only the last: remove one")
+    out[key] = value
+  return out
+
+
+def _loads(text: str) -> Any:
+  return json.loads(text, object_pairs_hook=_unique_keys)
+
+
 def _read_jsonl(path: str) -> list[dict]:
   rows = []
   with open(path, "rb") as f:
@@ -34,19 +54,24 @@ def _read_jsonl(path: str) -> list[dict]:
     line = raw.count(b"\n", 0, e.start) + 1
     raise ValueError(f"{path} line {line} (byte {e.start}): not UTF-8 text ({e.reason}); save "
                      "the file as UTF-8") from None
+  text = text.removeprefix("\ufeff")  # a byte-order mark (Windows tools write one): not data
   if text.lstrip().startswith("["):  # a JSON array of objects
     try:
-      data = json.loads(text)
+      data = _loads(text)
     except json.JSONDecodeError as e:
       raise ValueError(f"{path}: not valid JSON ({e})") from e
+    except RepeatedKeyError as e:
+      raise ValueError(f"{path}: {e}") from None
     return list(data)
   for n, line in enumerate(text.splitlines(), 1):
     if not line.strip():
       continue
     try:
-      rows.append(json.loads(line))
+      rows.append(_loads(line))
     except json.JSONDecodeError as e:
       raise ValueError(f"{path} line {n}: not a JSON object ({e.msg}): {line[:80]!r}") from e
+    except RepeatedKeyError as e:
+      raise ValueError(f"{path} line {n}: {e}") from None
   return rows
 
 
@@ -190,6 +215,35 @@ class DatasetTask:
       if row.get(self.answer_key) is not None:
         out.append(str(row[self.answer_key]))
     return out
+
+
+def unknown_characters_note(task: DatasetTask, tokenizer: Any) -> str | None:
+  """A note counting the rows whose prompt or answer holds text `tokenizer` does not know (it
+  would become the tokenizer's unknown token: text the model cannot see), or None.
+
+  `tokenizer` needs `unknown_characters(text) -> str` (`tasks.CharTokenizer`,
+  `models.HFTokenizer`); without it there is nothing to check."""
+  unknown = getattr(tokenizer, "unknown_characters", None)
+  if unknown is None:
+    return None
+  rows, chars = [], {}
+  for i, row in enumerate(task.rows):
+    texts = [row[task.prompt_key]] + ([str(row[task.answer_key])]
+                                      if row.get(task.answer_key) is not None else [])
+    found = "".join(unknown(t) for t in texts)
+    if found:
+      rows.append(i)
+      chars.update(dict.fromkeys(found))
+  if not rows:
+    return None
+  shown = "".join(sorted(chars))
+  unk = getattr(tokenizer, "unk_token", None)
+  becomes = f"its unknown token {unk!r}" if unk else "its unknown token"
+  return (f"{len(rows)} of {len(task.rows)} rows hold characters the model's tokenizer does not "
+          f"know: {shown[:60]!r}{'...' if len(shown) > 60 else ''} (each becomes {becomes}, "
+          f"which the model cannot read); e.g. row {rows[0]}: "
+          f"{task.rows[rows[0]][task.prompt_key][:80]!r}. Use a model whose tokenizer covers "
+          "the data, or rewrite the rows")
 
 
 def parse_task_spec(spec: str) -> tuple[str, str] | None:

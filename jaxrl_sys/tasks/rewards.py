@@ -68,6 +68,13 @@ def reward_value(value: Any, task_name: str, prompt: str, completion: str) -> fl
   return r
 
 
+# What a reward function may raise and still only fail that completion (scored 0, counted):
+# any exception, and SystemExit (a reward that calls sys.exit() would otherwise end the run
+# with its status, which may read as another error's exit code, and without a checkpoint).
+# KeyboardInterrupt stays an interrupt.
+REWARD_FAILURES = (Exception, SystemExit)
+
+
 def score_completions(task: Task, problems: Sequence[Problem], texts: Sequence[str]
                       ) -> tuple[np.ndarray, list[RewardError]]:
   """Scores each completion; a reward call that raises or returns a non-reward scores 0.
@@ -91,7 +98,7 @@ def score_completions(task: Task, problems: Sequence[Problem], texts: Sequence[s
       rewards[i] = reward_value(task.reward(p, t), name, p.prompt, t)
     except NonFiniteRewardError:
       raise
-    except Exception as e:  # pylint: disable=broad-except
+    except REWARD_FAILURES as e:  # pylint: disable=broad-except
       errors.append(RewardError(i, p.prompt, f"{type(e).__name__}: {e}"))
   if errors:
     first = errors[0]
@@ -197,7 +204,7 @@ class CountingTask:
                           completion)
     except NonFiniteRewardError:
       raise
-    except Exception as e:  # pylint: disable=broad-except
+    except REWARD_FAILURES as e:  # pylint: disable=broad-except
       self.failures += 1
       self.total_failures += 1
       kind = type(e).__name__

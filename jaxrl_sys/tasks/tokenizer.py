@@ -31,6 +31,10 @@ class CharTokenizer:
     ids = [self._ids[c] for c in text]
     return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
 
+  def unknown_characters(self, text: str) -> str:
+    """The distinct characters of `text` (in order) outside the alphabet."""
+    return "".join(dict.fromkeys(c for c in text if c not in self._ids))
+
   @property
   def alphabet(self) -> str:
     """The characters, in id order (id = position + 3)."""

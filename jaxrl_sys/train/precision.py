@@ -42,8 +42,9 @@ class PrecisionConfig:
       dtype; "auto" = the compute dtype.
     accum_dtype: gradient accumulation over micro-batches, clipping and the optimizer's input
       (float32 only: the gradient is never cast to the parameter dtype).
-    export_dtype: dtype of the `--export_hf` tensors (None: the checkpoint's own, float32 for
-      the presets; filled in when the run is built).
+    export_dtype: dtype of the `--export_hf` tensors (None: float32, which keeps every update;
+      bfloat16 halves the files but rounds most of a short RL run's update away: the run
+      reports how much of it the export keeps, and warns below 90%).
   """
   param_dtype: str = "float32"
   compute_dtype: str = AUTO

@@ -112,10 +112,11 @@ COVERAGE = {
     "--reward=examples.sums_reward:score --steps=60 --eval_every=20 --eval_prompts=20": Mapped(
         f"{_HARNESS}::test_jsonl_task_with_module_reward_learns",
         "the same flags on a generated copy of the sums data set"),
-    "python -m experiments.grpo --rollout=ray --num_workers=2 --chaos_kill_every=8 --steps=4 "
-    "--prompts_per_step=8": Mapped(
-        f"{_RAY_CLI}::test_cli_chaos_workers_and_a_file_weight_store",
-        "the same flags plus --weight_store=tensorstore:DIR"),
+    "python -m experiments.grpo --rollout=ray --num_workers=2 --chaos_kill_every=3 "
+    "--worker_token_delay=0.5 --steps=4 --prompts_per_step=8": Mapped(
+        f"{_RAY_CLI}::test_chaos_run_survives_a_process_group_sigterm_and_resumes_exactly",
+        "the same flags but --steps=2, plus --weight_store=tensorstore:DIR, a process-group "
+        "SIGTERM after step 1, then --resume"),
     "python -m experiments.grpo --rollout=ray --num_workers=3 --offload=adaptive --steps=6 "
     "--prompts_per_step=16 --preempt_trace=jaxrl_sys/data/traces/parcae/trace_hh_55_65.txt "
     "--trace_time_scale=0.05": Mapped(
@@ -126,7 +127,7 @@ COVERAGE = {
                                                               ("--address", "--num-gpus")),
     "python -m experiments.grpo --rollout=ray --ray_address=auto --num_workers=8 "
     "--worker_gpus=1 --worker_cpus=4 --weight_store=tensorstore:/shared/jaxrl/weights": Mapped(
-        f"{_RAY_CLI}::test_cli_chaos_workers_and_a_file_weight_store",
+        f"{_RAY_CLI}::test_chaos_run_survives_a_process_group_sigterm_and_resumes_exactly",
         "a local Ray instance instead of a cluster, with a tensorstore weight store; "
         "--worker_gpus: test_worker_asking_for_missing_resources_is_a_clear_error"),
     "python -m examples.make_tiny_hf_model /tmp/tiny-qwen3": Run(
@@ -187,6 +188,9 @@ COVERAGE = {
         "tests/sim/test_lora_sim.py::test_first_pull_moves_the_base_then_adapters_only",
         "the preset --lora_rank adds (sim.presets.with_lora) and its pulls; the command's "
         "tables: test_the_experiment_prints_tables_and_writes_json_and_plots"),
+    # the notebook itself runs in tests/notebooks through nbclient, the engine of this command
+    "JAXRL_SMALL=1 jupyter execute --inplace notebooks/01_quickstart_grpo.ipynb": External(
+        "jupyter execute", ("--inplace",)),
     "python -m benchmarks.algorithms": Mapped(
         "tests/benchmarks/test_algorithms_quick.py::test_algorithms_quick",
         "--quick --only moe,collapse (the full run takes ~20 min on 2 cores)"),

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from jaxrl_sys.train.recipe.run_dir import claim_run_dir
+from jaxrl_sys.train.recipe.run_dir import claim_checkpoint_dir, claim_run_dir
 from jaxrl_sys.train.recipe.run_lock import RunDirLockedError
 from tests.experiments.test_grpo_cli import _committed_steps, _start, _wait_for
 
@@ -26,6 +26,11 @@ def test_sigint_saves_and_exits_130_then_a_second_one_stops_at_once(tmp_path):
   for kw in (dict(overwrite=True), dict(resume=True)):
     with pytest.raises(RunDirLockedError, match=f"in use by the running job of pid {p.pid}"):
       claim_run_dir(out, **kw)
+  # ... nor its checkpoints from another run directory (issue 44: `--checkpoint_dir=<live
+  # run>/checkpoints --resume` resumed the live state, and the live run died at its next save)
+  with pytest.raises(RunDirLockedError, match=rf"--checkpoint_dir={ck} is in use by the running "
+                                              f"job of pid {p.pid}"):
+    claim_checkpoint_dir(ck, str(tmp_path / "other"))
   p.send_signal(signal.SIGINT)
   _, err = p.communicate(timeout=180)
   assert p.returncode == 130, err
@@ -36,6 +41,7 @@ def test_sigint_saves_and_exits_130_then_a_second_one_stops_at_once(tmp_path):
   assert _committed_steps(ck)[-1] == step  # the stopping step was saved, not only step % 2
   assert os.path.exists(os.path.join(out, "final_params.npz"))
   assert not os.path.exists(os.path.join(out, ".lock"))
+  assert not os.path.exists(os.path.join(ck, ".lock"))
 
   p = _start(args + ["--resume"])
   assert _wait_for(lambda: _committed_steps(ck)[-1] >= step + 2, p)

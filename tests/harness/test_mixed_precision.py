@@ -1,6 +1,7 @@
 """A bfloat16 Hugging Face checkpoint through the recipe with a bfloat16 rollout: published
 weights are the float32 masters cast, mismatch metrics are logged, final_params.npz is plain
-numbers, the export keeps the checkpoint's dtype, and a resume is bit-exact."""
+numbers, the export is float32 by default (a bfloat16 one would drop most of the update: the
+survival count says so), and a resume is bit-exact."""
 import dataclasses
 import json
 import os
@@ -10,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_sys.models import load_hf_checkpoint
+from jaxrl_sys.models import load_hf_checkpoint, update_survival
 from jaxrl_sys.models.hf import safetensors_io
 from jaxrl_sys.train import recipe as recipe_lib
 from jaxrl_sys.train.recipe import build as recipe_build
@@ -68,7 +69,7 @@ def test_bf16_checkpoint_with_bf16_rollout(tmp_path, monkeypatch):
   config = json.load(open(tmp_path / "a" / "config.json"))["precision"]
   assert (config["param_dtype"], config["compute_dtype"], config["rollout_dtype"]) == (
       "float32", "float32", "bfloat16")
-  assert config["export_dtype"] == "bfloat16"  # the checkpoint's own
+  assert config["export_dtype"] == "float32"  # keeps the update (issue 44)
 
   # final_params.npz: plain float32 numbers for numpy, equal to the masters.
   with np.load(tmp_path / "a" / "final_params.npz", allow_pickle=False) as npz:
@@ -79,16 +80,28 @@ def test_bf16_checkpoint_with_bf16_rollout(tmp_path, monkeypatch):
     assert v.dtype == np.float32, (k, v.dtype)
     np.testing.assert_array_equal(v, ours[k], err_msg=k)
 
-  # --export_hf writes the checkpoint's dtype (bfloat16), which transformers loads.
+  # --export_hf writes float32 by default: the masters exactly, which transformers loads; the
+  # run's note counts what the export keeps. The checkpoint's bfloat16 would keep a few percent
+  # of this lr-1e-6 update (the rest rounds back to the input weights).
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   hf = str(tmp_path / "hf")
-  assert {v.dtype for v in safetensors_io.read_checkpoint(hf).values()} == {
-      np.dtype(jnp.bfloat16)}
+  assert {v.dtype for v in safetensors_io.read_checkpoint(hf).values()} == {np.dtype(np.float32)}
   tm = transformers.AutoModelForCausalLM.from_pretrained(hf)
-  assert next(tm.parameters()).dtype == torch.bfloat16
+  assert next(tm.parameters()).dtype == torch.float32
   _, back = load_hf_checkpoint(hf, dtype=None)
-  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), back, want)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), back,
+               masters)
+  initial = recipe.model.params
+  moved = sum(int(np.sum(np.asarray(a) != np.asarray(b)))
+              for a, b in zip(jax.tree.leaves(initial), jax.tree.leaves(masters)))
+  note = next(n for n in result.notes if n.startswith("--export_hf:"))
+  assert f"float32 export keeps the update of {moved:,} of the {moved:,} parameters" in note
+  bf16 = update_survival(initial, masters, jnp.bfloat16)
+  kept = sum(int(np.sum(np.asarray(a).astype(jnp.bfloat16) != np.asarray(b).astype(jnp.bfloat16)))
+             for a, b in zip(jax.tree.leaves(initial), jax.tree.leaves(masters)))
+  assert (bf16.changed, bf16.kept) == (moved, kept) and 0 < kept < 0.5 * moved
+  assert bf16.describe().startswith("WARNING: bfloat16 export keeps the update of")
 
   # Resume from a mixed-precision checkpoint: bit-exact with the undisturbed run above.
   part = dataclasses.replace(base, out_dir=str(tmp_path / "b"), steps=2)

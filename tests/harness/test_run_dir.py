@@ -22,6 +22,8 @@ def test_new_run_dir_never_reuses(tmp_path):
 def test_prepare_refuses_a_previous_run_then_overwrites_only_run_outputs(tmp_path):
   d = tmp_path / "run"
   os.makedirs(d / "tb")
+  (d / "tb" / "events").write_text("x")
+  os.makedirs(d / "checkpoints")  # empty (a run that stopped before its first save): no output
   (d / "metrics.jsonl").write_text('{"step": 1}\n')
   (d / "notes.txt").write_text("mine")
   with pytest.raises(ValueError, match=r"already holds a run \(metrics.jsonl, tb\).*--overwrite"):

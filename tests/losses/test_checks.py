@@ -102,3 +102,64 @@ def test_presets_and_config_validation():
   # Configs are static pytrees: usable as jit arguments, part of the cache key.
   f = jax.jit(lambda x, config: x * config.kl_coef)
   assert float(f(jnp.ones(()), loss)) == pytest.approx(0.04)
+
+
+# ----- issue 44: inputs a loss cannot mean raise (eagerly, at trace time, or in checked mode) --
+def test_static_and_concrete_denominators_are_checked_under_jit_too():
+  lp, old, adv, mask = batch()
+  for den in (0.0, -4.0, float("nan"), np.float32(0)):
+    with pytest.raises(L.LossInputError, match="denominator"):
+      L.grpo_loss(lp, old, adv, mask, kl_coef=0.0, denominator=den)
+    with pytest.raises(L.LossInputError, match="denominator"):
+      jax.jit(lambda a, d=den: L.grpo_loss(a, old, adv, mask, kl_coef=0.0, denominator=d))(lp)
+  # 0 is right for a batch without a valid token (the loss is 0 either way)
+  out = L.grpo_loss(lp, old, adv, np.zeros_like(mask), kl_coef=0.0, denominator=0.0)
+  assert float(out.loss) == 0.0
+  # a traced denominator is checked in checked mode
+  fn = L.checked(lambda a, d: L.grpo_loss(a, old, adv, mask, kl_coef=0.0, denominator=d).loss)
+  np.testing.assert_allclose(fn(lp, np.float32(9.0)), L.grpo_loss(
+      lp, old, adv, mask, kl_coef=0.0, denominator=9.0).loss, rtol=1e-6)
+  with pytest.raises(L.LossInputError, match="denominator"):
+    fn(lp, np.float32(0.0))
+
+
+@pytest.mark.parametrize("scale", [2.0, -1.0])
+def test_masks_other_than_0_and_1_raise(scale):
+  lp, old, adv, mask = batch()
+  bad = mask.astype(np.float32) * scale
+  with pytest.raises(L.LossInputError, match=r"mask has \d+ value\(s\) other than 0 and 1"):
+    L.grpo_loss(lp, old, adv, bad, kl_coef=0.0)
+  with pytest.raises(L.LossInputError, match="other than 0 and 1"):
+    L.loss_denominator(bad, "token_mean")
+  with pytest.raises(L.LossInputError, match="other than 0 and 1"):
+    checked_loss(lp, old, adv, bad)
+  # a {0, 1} float or int mask is the bool mask
+  np.testing.assert_allclose(L.grpo_loss(lp, old, adv, mask.astype(np.int32), kl_coef=0.0).loss,
+                             L.grpo_loss(lp, old, adv, mask, kl_coef=0.0).loss)
+
+
+def test_probabilities_passed_as_logprobs_raise():
+  lp, old, adv, mask = batch()
+  with pytest.raises(L.LossInputError, match=r"logprobs has \d+ value\(s\) above 0"):
+    L.grpo_loss(np.exp(lp), np.exp(old), adv, mask, kl_coef=0.0)
+  with pytest.raises(L.LossInputError, match="old_logprobs.*above 0"):
+    checked_loss(lp, np.exp(old), adv, mask)
+  # above 0 only at masked positions: fine
+  padded = np.where(mask, lp, 0.7).astype(np.float32)
+  L.grpo_loss(padded, old, adv, mask, kl_coef=0.0)
+
+
+def test_complex_and_non_numeric_inputs_raise_at_trace_time():
+  lp, old, adv, mask = batch()
+  with pytest.raises(TypeError, match="rewards is complex"):
+    L.group_advantages(np.array([1 + 1j, 0, 1, 0]), group_size=2)
+  with pytest.raises(TypeError, match="rewards is complex"):
+    jax.jit(lambda r: L.group_advantages(r, group_size=2))(jnp.array([1 + 1j, 0, 1, 0]))
+  with pytest.raises(TypeError, match="advantages is complex"):
+    jax.jit(lambda a: L.grpo_loss(lp, old, a, mask, kl_coef=0.0))(adv.astype(np.complex64))
+  with pytest.raises(TypeError, match="logprobs has dtype bool"):
+    L.grpo_loss(mask, old, adv, mask, kl_coef=0.0)
+  with pytest.raises(ValueError, match="real numeric"):
+    L.validate_rewards(np.array([1 + 1j, 0]))
+  with pytest.raises(ValueError, match="empty batch"):
+    L.effective_sample_size(jnp.zeros((0,)))

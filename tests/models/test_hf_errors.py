@@ -52,3 +52,23 @@ def test_bf16_roundtrip(tmp_path):
   safetensors_io.write_file(str(tmp_path / "x.safetensors"), t)
   back = safetensors_io.read_file(str(tmp_path / "x.safetensors"))
   assert back["a"].dtype == ml_dtypes.bfloat16 and np.array_equal(back["a"], t["a"])
+
+
+def test_dtypes_are_accepted_as_names_or_dtype_objects(tmp_path):
+  import jax
+  import jax.numpy as jnp
+  c = models.ModelConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1,
+                         head_dim=4, intermediate_size=16, max_seq_len=10,
+                         architecture="Qwen3ForCausalLM", qk_norm=True)
+  assert models.ModelConfig(**{**c.__dict__, "param_dtype": jnp.bfloat16}).param_dtype == "bfloat16"
+  assert models.ModelConfig(**{**c.__dict__, "compute_dtype": np.dtype("float32")}).compute_dtype \
+      == "float32"
+  with pytest.raises(ValueError, match="use one of"):
+    models.ModelConfig(**{**c.__dict__, "param_dtype": jnp.int8})
+  p = models.init_params(c, jax.random.PRNGKey(0))
+  models.save_hf_checkpoint(str(tmp_path / "f32"), c, p, dtype=jnp.float32)
+  models.save_hf_checkpoint(str(tmp_path / "bf16"), c, p, dtype=jnp.bfloat16)
+  assert {v.dtype.name for v in safetensors_io.read_checkpoint(str(tmp_path / "f32")).values()} \
+      == {"float32"}
+  assert {v.dtype.name for v in safetensors_io.read_checkpoint(str(tmp_path / "bf16")).values()} \
+      == {"bfloat16"}

@@ -67,3 +67,25 @@ def test_nan_and_inf_still_stop_the_run():
   with pytest.raises(NonFiniteRewardError, match="returned inf for prompt"):
     task.reward(task.problem(0), "c")
   assert task.total_failures == 0
+
+
+def test_a_reward_calling_sys_exit_is_a_counted_failure():
+  """Issue 44: sys.exit(3) in a reward ended the run with exit 3 (the "diverged" code), no
+  message and no checkpoint."""
+  import sys  # pylint: disable=import-outside-toplevel
+
+  def exits(prompt, completion, **row):
+    sys.exit(3)
+
+  task = CountingTask(DatasetTask(ROWS, exits))
+  assert task.reward(task.problem(0), "c") == 0.0
+  assert task.summary() == ("reward function failed on 1 of 1 completions (scored 0); first: "
+                            f"SystemExit: 3 (prompt {task.problem(0).prompt!r}, completion 'c')")
+  rewards, errors = tasks.score_completions(DatasetTask(ROWS, exits), [task.problem(1)], ["c"])
+  assert rewards.tolist() == [0.0] and errors[0].message == "SystemExit: 3"
+
+  def interrupted(prompt, completion, **row):
+    raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):  # Ctrl-C stays an interrupt
+    CountingTask(DatasetTask(ROWS, interrupted)).reward(task.problem(0), "c")

@@ -134,8 +134,9 @@ def save_hf_checkpoint(directory: str, config: ModelConfig, params: dict,
                        max_shard_bytes: int = 2 << 30, dtype: str | None = None) -> None:
   """Writes config.json + safetensors that `transformers` (and `load_hf_checkpoint`) read.
 
-  `dtype` ("float32" / "bfloat16"): the tensors' and config.json's dtype (None: the params'
-  own, `config.param_dtype`); float32 masters of a bfloat16 checkpoint go back as bfloat16."""
+  `dtype` ("float32" / "bfloat16", or `jnp.float32` ...): the tensors' and config.json's dtype
+  (None: `config.param_dtype`). Casting float32 masters to bfloat16 rounds small updates away:
+  `models.hf.export.update_survival` measures how much of a training run survives it."""
   _, _, from_params, to_hf = architecture(config.architecture, "the model config (export)")
   if dtype is not None:
     config = dataclasses.replace(config, param_dtype=dtype)

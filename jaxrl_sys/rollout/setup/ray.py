@@ -38,7 +38,9 @@ def ray_client(setup: RolloutSetup, model_config: ModelConfig, engine_config: En
   seed, compile_cache = options.seed, options.compile_cache
   # pylint: disable-next=import-outside-toplevel
   from jaxrl_sys.rollout.workers.ray import RayWorker, init_ray
-  init_ray(setup.ray_address)
+  # a local Ray in its own session: a signal to the run's process group reaches the trainer
+  # only, which finishes its step (Ray still up), saves and stops Ray on its way out
+  init_ray(setup.ray_address, own_session=True)
   check_ray_resources(setup)
   store = make_weight_store(setup.weight_store or "ray")
   manager = RolloutManager(store=store, config=setup.manager_config(), clock=clock)
@@ -68,8 +70,10 @@ def ray_client(setup: RolloutSetup, model_config: ModelConfig, engine_config: En
     schedule = ChaosSchedule(setup.chaos_kill_every, seed=seed,
                              restart_after=setup.chaos_restart_after, slots=setup.num_workers,
                              distribution="uniform")
-  # Chaos kill gaps are serving time (kills never leave a fleet that cannot serve); a trace
-  # replays availability in real time.
+  # Chaos kill gaps are serving time (kills never leave a fleet that cannot serve) and kills
+  # pause while no worker has finished starting since the previous one (a kill interval below
+  # the start-up time would stop all progress); a trace replays availability in real time.
+  chaos = bool(setup.chaos_kill_every)
   manager.add_tick_hook(Fleet(factory, schedule=schedule, size=size, cap=setup.num_workers,
-                              serving_clock=bool(setup.chaos_kill_every)))
+                              serving_clock=chaos, pause_kills=chaos, message=options.message))
   return manager

@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from typing import Callable
 
 from jaxrl_sys.rollout.elastic.offload import OffloadConfig
 from jaxrl_sys.rollout.elastic.trace_formats import load_trace
 from jaxrl_sys.rollout.manager.config import ManagerConfig
+from jaxrl_sys.rollout.weights.factory import check_spec
 
 ROLLOUTS = ("local", "ray")
 
@@ -77,6 +79,17 @@ class RolloutSetup:
   worker_base_path: str | None = None
 
   def __post_init__(self):
+    for name, low, strict in (("worker_token_delay", 0, False), ("chaos_kill_every", 0, False),
+                              ("chaos_restart_after", 0, False), ("worker_cpus", 0, False),
+                              ("worker_gpus", 0, False),
+                              ("heartbeat_timeout", 0, True), ("startup_timeout", 0, True)):
+      value = getattr(self, name)
+      if not (isinstance(value, (int, float)) and math.isfinite(value)
+              and (value > low if strict else value >= low)):
+        raise ValueError(f"rollout.{name}={value} must be a finite number "
+                         f"{'>' if strict else '>='} {low}")
+    if self.theta < 0:
+      raise ValueError(f"rollout.theta={self.theta} must be >= 0")
     if self.rollout not in ROLLOUTS:
       raise ValueError(f"unknown rollout.rollout {self.rollout!r}; choose one of {ROLLOUTS}")
     if self.rollout == "ray" and self.num_workers < 1:
@@ -111,6 +124,11 @@ class RolloutSetup:
       raise ValueError(f"rollout.weight_store={self.weight_store} is for Ray workers; the local "
                        "rollout shares the trainer's weights in memory: drop "
                        "rollout.weight_store, or use rollout.rollout=ray")
+    if self.weight_store:
+      try:
+        check_spec(self.weight_store)
+      except ValueError as err:
+        raise ValueError(f"rollout.weight_store: {err}") from None
     if self.rollout == "ray" and self.weight_store == "memory":
       raise ValueError("rollout.weight_store=memory only serves in-process workers; use "
                        "rollout.weight_store=ray or rollout.weight_store=tensorstore:PATH with "
@@ -148,11 +166,14 @@ class ClientOptions:
       request (no compilation stalls mid-run; a slower start). Ray workers always warm up.
     seed: seeds the Ray fleet's chaos schedule and trace sampling.
     compile_cache: the persistent compilation cache directory Ray workers use (None: none).
+    message: prints the Ray fleet's one line per kill, start, join, loss and migration (None:
+      silent).
   """
   local_workers: int = 0
   warmup: bool = False
   seed: int = 0
   compile_cache: str | None = None
+  message: Callable[[str], None] | None = None
 
   def __post_init__(self):
     if self.local_workers < 0:

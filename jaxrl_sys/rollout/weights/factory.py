@@ -23,9 +23,13 @@ def _usage(spec: str) -> str:
           "directory, file://, gs:// or memory:// URL)")
 
 
-def make_weight_store(spec: str) -> WeightStore:
-  """A weight store from a flag value: "memory", "ray", or "tensorstore:PATH_OR_URL" (e.g.
-  "tensorstore:/scratch/run1/weights", "tensorstore:gs://bucket/run1/weights")."""
+def check_spec(spec: str) -> tuple[str, str, bool]:
+  """(backend target, argument, takes an argument) of a weight store flag value; imports
+  nothing, so a run checks its flag before starting Ray.
+
+  Raises:
+    ValueError: an unknown store, or an argument missing or extra (naming the forms).
+  """
   name, sep, arg = spec.partition(":")
   entry = BACKENDS.get(name)
   if entry is None:
@@ -33,6 +37,13 @@ def make_weight_store(spec: str) -> WeightStore:
   target, takes_arg = entry
   if takes_arg != bool(sep and arg) or (sep and not takes_arg):
     raise ValueError(_usage(spec))
+  return target, arg, takes_arg
+
+
+def make_weight_store(spec: str) -> WeightStore:
+  """A weight store from a flag value: "memory", "ray", or "tensorstore:PATH_OR_URL" (e.g.
+  "tensorstore:/scratch/run1/weights", "tensorstore:gs://bucket/run1/weights")."""
+  target, arg, takes_arg = check_spec(spec)
   module, cls = target.split(":")
   store_cls = getattr(importlib.import_module(module), cls)
   return store_cls(arg) if takes_arg else store_cls()

@@ -134,8 +134,10 @@ class BackgroundPublisher:
   def _run(self, version: int, fn: Callable[[], None]) -> None:
     try:
       fn()
-    except BaseException:
-      _log.exception("publishing weight version %d (%s) failed", version, self._name)
+    except BaseException as e:  # reported once by `check` / `wait`; the stack only for debugging
+      _log.warning("publishing weight version %d (%s) failed: %s: %s", version, self._name,
+                   type(e).__name__, e)
+      _log.debug("publishing weight version %d failed", version, exc_info=True)
       raise
 
   def check(self) -> None:

@@ -1,5 +1,13 @@
 """The tensorstore weight store: versions as files under a directory or any tensorstore kvstore
-URL (`file://`, `gs://`, `memory://`), for workers on other machines (layout in `weights`)."""
+URL (`file://`, `gs://`, `memory://`), for workers on other machines (layout in `weights`).
+
+Every kvstore operation has a deadline (tensorstore itself retries an endpoint it cannot reach,
+e.g. `gs://` without credentials or network, for many minutes): `REMOTE_TIMEOUT_S` for a small
+one, plus `MIN_BYTES_PER_S` for a data write or read. A store that does not answer raises
+`WeightStoreUnreachableError` (the constructor, so a run stops before training) or fails the
+publish. A failed publish (a full disk, a lost connection) deletes what it wrote of its
+version: no partial version is left behind.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -22,6 +30,35 @@ from jaxrl_sys.rollout.weights.io import (BackgroundPublisher, BackgroundStore,
 
 _log = logging.getLogger(__name__)
 
+# Deadline of one small kvstore operation (open, list, a pointer or a manifest), in seconds; data
+# transfers get `nbytes / MIN_BYTES_PER_S` more.
+REMOTE_TIMEOUT_S = 60.0
+MIN_BYTES_PER_S = 4 << 20
+
+
+class WeightStoreUnreachableError(ValueError):
+  """The weight store's kvstore did not answer within its deadline (no network, credentials,
+  or a hung mount)."""
+
+
+def _result(future, url: str, what: str, nbytes: int = 0):
+  """`future.result()` within the deadline of an operation moving `nbytes` (see the module
+  docstring); raises `WeightStoreUnreachableError` past it."""
+  timeout = REMOTE_TIMEOUT_S + nbytes / MIN_BYTES_PER_S
+  try:
+    return future.result(timeout=timeout)
+  except TimeoutError:
+    try:
+      future.cancel()
+    except Exception:  # pylint: disable=broad-except  (best effort)
+      pass
+    hint = (" (gs:// needs credentials: GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth "
+            "application-default login`)" if url.startswith("gs://") else "")
+    raise WeightStoreUnreachableError(
+        f"the weight store {url} did not answer within {timeout:.3g} s ({what}): is it "
+        f"reachable from here{hint}? Check the URL, the network and its credentials, or use a "
+        "local directory (--weight_store=tensorstore:/path)") from None
+
 
 # ----- tensorstore backend -----------------------------------------------------------------------
 _KVSTORES: dict[str, Any] = {}
@@ -40,7 +77,7 @@ def _kvstore(url: str):
   import tensorstore as ts  # pylint: disable=import-outside-toplevel
   with _KV_LOCK:
     if url not in _KVSTORES:
-      _KVSTORES[url] = ts.KvStore.open(url).result()
+      _KVSTORES[url] = _result(ts.KvStore.open(url), url, "opening it")
     return _KVSTORES[url]
 
 
@@ -53,13 +90,21 @@ def _read_key(url: str, key: str) -> bytes | None:
   """One small value (None if missing)."""
   local = _local_dir(url)
   if local is None:
-    got = _kvstore(url).read(key).result()
+    got = _result(_kvstore(url).read(key), url, f"reading {key}")
     return got.value if got.state == "value" else None
   try:
     with open(os.path.join(local, key), "rb") as f:
       return f.read()
   except FileNotFoundError:
     return None
+
+
+def _settle(future) -> None:
+  """Waits (within the deadline) for a write whose attempt failed, ignoring its outcome."""
+  try:
+    future.exception(timeout=REMOTE_TIMEOUT_S)
+  except Exception:  # pylint: disable=broad-except  (a timeout, a cancelled future)
+    pass
 
 
 def _prefix_range(prefix: str):
@@ -172,9 +217,9 @@ def _read_kvstore(kv, arrays, v: int, where: str) -> list[np.ndarray]:
   """Any other kvstore: read every key concurrently, then verify in parallel."""
   futures = [kv.read(key) for _, key, _, _, _ in arrays]
   leaves = []
-  for (path, _, shape, dtype, _), f in zip(arrays, futures):
-    got = f.result()
+  for (path, key, shape, dtype, _), f in zip(arrays, futures):
     want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    got = _result(f, where, f"reading {key}", want)
     if got.state != "value":
       raise CorruptWeightsError(f"weight version {v} at {where}: array {path} is missing "
                                 "(deleted by gc, or never written)")
@@ -232,7 +277,7 @@ class TensorstoreWeightStore(BackgroundStore):
     super().__init__()
     latest = _read_latest(self.url)
     dirs: dict[int, bool] = {}
-    for key in self._kv.list().result():
+    for key in _result(self._kv.list(), self.url, "listing its versions"):
       hit = re.fullmatch(r"v(\d+)/(.*)", key.decode())
       if hit:
         v = int(hit.group(1))
@@ -244,10 +289,12 @@ class TensorstoreWeightStore(BackgroundStore):
       self._refs[top] = latest
     self._orphans = set(dirs) - set(self._refs)
     self._bg = BackgroundPublisher(self.url, max_pending)
-    self._bg.last = top
+    # Versions increase within this store object; the first publish may go back to a version an
+    # earlier opening committed (a run resumed from an earlier checkpoint): see `publish`.
+    self._earlier_top = top
     # LoRA bases written so far (digest -> manifest entry), found again when reopened.
     self._bases: dict[str, dict] = {}
-    for key in self._kv.list().result():
+    for key in _result(self._kv.list(), self.url, "listing its bases"):
       hit = re.fullmatch(r"base/([0-9a-f]+)/manifest\.json", key.decode())
       if hit:
         raw = _read_key(self.url, key.decode())
@@ -258,6 +305,20 @@ class TensorstoreWeightStore(BackgroundStore):
 
   def publish(self, params: Any, version: int, moe_state: Any = None,
               base: BaseWeights | None = None) -> None:
+    """Publishes `version` (see `WeightStore.publish`); with LoRA, a `base` this store has not
+    written yet is written once, under `base/<digest>/`, before the version that names it. The
+    first publish after opening an existing root may name a version at or below the newest one
+    committed before (a run resumed from an earlier step): the versions from that one on belong
+    to a future that did not happen, and are dropped before it is written."""
+    version = int(version)
+    stale: list[int] = []
+    if version <= self._earlier_top:
+      with self._lock:
+        stale = sorted(w for w in set(self._refs) | self._orphans if w >= version)
+        for w in stale:
+          self._refs.pop(w, None)
+          self._orphans.discard(w)
+    self._earlier_top = -1
     leaves, tree, paths = _host_tree(params, moe_state)
     write_base = None
     if base is not None and base.digest not in self._base_pending:
@@ -268,10 +329,17 @@ class TensorstoreWeightStore(BackgroundStore):
     digest = None if base is None else base.digest
 
     def job():
+      if stale:  # LATEST first (it may name one), then the versions, each manifest first
+        _result(self._kv.delete_range(_prefix_range("LATEST")), self.url, "deleting LATEST")
+        for w in stale:
+          self._discard(w)
+          with self._lock:
+            self._orphans.discard(w)
       if write_base is not None:
         write_base()
-      self._write(int(version), leaves, tree, paths, digest)
-    self._bg.submit(int(version), job)
+      self._write(version, leaves, tree, paths, digest)
+
+    self._bg.submit(version, job)
 
   def _put(self, key: str, value: bytes):
     """One kvstore write (a future); tests replace it to simulate a crash."""
@@ -279,28 +347,45 @@ class TensorstoreWeightStore(BackgroundStore):
 
   def _write_base(self, digest: str, leaves: list[np.ndarray], tree: Any,
                   paths: list[str]) -> None:
-    """Writes a LoRA base under `base/<digest>/` (arrays, then its manifest: committed)."""
-    nbytes, crc = self._write_tree(f"base/{digest}/", -1, leaves, tree, paths)
+    """Writes a LoRA base under `base/<digest>/` (arrays, then its manifest: committed); a
+    failed write deletes what it wrote and may be retried by the next publish."""
+    prefix = f"base/{digest}/"
+    try:
+      nbytes, crc = self._write_tree(prefix, -1, leaves, tree, paths)
+    except BaseException:
+      self._base_pending.discard(digest)
+      try:
+        _result(self._kv.delete_range(_prefix_range(prefix)), self.url, f"deleting {prefix}")
+      except Exception as e:  # pylint: disable=broad-except  (the write's failure is reported)
+        _log.warning("could not delete the partial LoRA base %s at %s: %s", digest, self.url, e)
+      raise
     with self._lock:
       self._bases[digest] = {"digest": digest, "nbytes": nbytes, "manifest_crc32": crc}
 
   def _write(self, v: int, leaves: list[np.ndarray], tree: Any, paths: list[str],
              base: str | None = None) -> None:
     entry = None if base is None else self._bases[base]
-    nbytes, crc = self._write_tree(f"v{v}/", v, leaves, tree, paths, entry)
-    ref = TensorstoreWeightRef(self.url, v, nbytes, crc, _base_ref(self.url, entry))
-    latest = {"version": v, "nbytes": nbytes, "manifest_crc32": crc}
-    if entry is not None:
-      latest["base"] = entry
-    self._put("LATEST", json.dumps(latest).encode()).result()
+    try:
+      nbytes, crc = self._write_tree(f"v{v}/", v, leaves, tree, paths, entry)
+      ref = TensorstoreWeightRef(self.url, v, nbytes, crc, _base_ref(self.url, entry))
+      latest = {"version": v, "nbytes": nbytes, "manifest_crc32": crc}
+      if entry is not None:
+        latest["base"] = entry
+      _result(self._put("LATEST", json.dumps(latest).encode()), self.url, "writing LATEST")
+    except BaseException:
+      self._discard(v)
+      raise
     with self._lock:
       self._refs[v] = ref
       self._orphans.discard(v)
 
   def _write_tree(self, prefix: str, v: int, leaves: list[np.ndarray], tree: Any,
                   paths: list[str], base: dict | None = None) -> tuple[int, int]:
-    """Writes the arrays under `prefix`, then their manifest; returns (bytes, manifest crc32)."""
-    self._kv.delete_range(_prefix_range(prefix)).result()  # leftovers of a crashed attempt
+    """Writes the arrays under `prefix`, then their manifest; returns (bytes, manifest crc32).
+    Every write has its deadline (`_result`); on a failure no write of the attempt lands
+    after it is reported."""
+    # leftovers of a crashed attempt
+    _result(self._kv.delete_range(_prefix_range(prefix)), self.url, f"clearing {prefix}")
     arrays, inflight = [], []
     try:
       for i, (x, path) in enumerate(zip(leaves, paths)):
@@ -308,14 +393,15 @@ class TensorstoreWeightStore(BackgroundStore):
                 for o in range(0, x.nbytes, weights_io.CHUNK_BYTES)]
         arrays.append({"key": f"a{i}", "path": path, "shape": list(x.shape),
                        "dtype": x.dtype.name, "nbytes": x.nbytes, "crc32": crcs})
-        inflight.append((self._put(f"{prefix}a{i}", x.tobytes()), x.nbytes))
-        while sum(n for _, n in inflight) > 256 << 20:  # bound the bytes copies in flight
-          inflight.pop(0)[0].result()
-      for f, _ in inflight:
-        f.result()
+        inflight.append((self._put(f"{prefix}a{i}", x.tobytes()), x.nbytes, f"{prefix}a{i}"))
+        while sum(n for _, n, _ in inflight) > 256 << 20:  # bound the bytes copies in flight
+          f, n, key = inflight.pop(0)
+          _result(f, self.url, f"writing {key}", n)
+      for f, n, key in inflight:
+        _result(f, self.url, f"writing {key}", n)
     except BaseException:
-      for f, _ in inflight:  # no write of this attempt may land after the failure is reported
-        f.exception()
+      for f, _, _ in inflight:  # no write of this attempt may land after the failure
+        _settle(f)
       raise
     nbytes = sum(x.nbytes for x in leaves)
     body = {"format": "jaxrl_sys.weights/1", "version": v, "nbytes": nbytes,
@@ -324,8 +410,23 @@ class TensorstoreWeightStore(BackgroundStore):
     if base is not None:
       body["base"] = base
     manifest = json.dumps(body).encode()
-    self._put(f"{prefix}manifest.json", manifest).result()
+    _result(self._put(f"{prefix}manifest.json", manifest), self.url,
+            f"writing {prefix}manifest.json")
     return nbytes, zlib.crc32(manifest)
+
+  def _discard(self, v: int) -> None:
+    """Deletes what a failed publish wrote of version `v` (best effort: the failure itself, a
+    full disk or a lost connection, is what gets reported)."""
+    try:
+      _result(self._kv.delete_range(_prefix_range(f"v{v}/")), self.url, f"deleting v{v}/")
+      local = _local_dir(self.url)
+      if local is not None:
+        os.rmdir(os.path.join(local, f"v{v}"))
+    except Exception as e:  # pylint: disable=broad-except
+      if not isinstance(e, FileNotFoundError):
+        _log.warning("could not delete the partial weight version %d at %s: %s", v, self.url, e)
+    with self._lock:
+      self._orphans.add(v)  # the next gc tries again
 
   def published(self, version: int | None = None) -> TensorstoreWeightRef | None:
     with self._lock:
@@ -357,8 +458,9 @@ class TensorstoreWeightStore(BackgroundStore):
         self._orphans.discard(v)
     local = _local_dir(self.url)
     for v in drop:  # manifest first: a reader then fails cleanly instead of half-reading
-      self._kv.delete_range(_prefix_range(f"v{v}/manifest.json")).result()
-      self._kv.delete_range(_prefix_range(f"v{v}/")).result()
+      _result(self._kv.delete_range(_prefix_range(f"v{v}/manifest.json")), self.url,
+              f"deleting v{v}/manifest.json")
+      _result(self._kv.delete_range(_prefix_range(f"v{v}/")), self.url, f"deleting v{v}/")
       if local is not None:
         try:
           os.rmdir(os.path.join(local, f"v{v}"))

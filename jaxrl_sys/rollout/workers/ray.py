@@ -75,13 +75,18 @@ def check_ray_address(address: str, timeout: float = 5.0) -> None:
 
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None,
-             object_store_memory: int | None = None, connect_timeout: float = 5.0) -> None:
+             object_store_memory: int | None = None, connect_timeout: float = 5.0,
+             own_session: bool = False) -> None:
   """Connects to a Ray cluster (`address`, e.g. "ray://head:10001", "head:6379" or "auto") or
   starts a local one (default), once per process.
 
+  `own_session`: start the local Ray as a head in its own session (`workers.ray_head`), so a
+  signal to the caller's process group (SLURM, Kubernetes, Ctrl-C) does not stop Ray under a
+  run that is finishing its step to save; stop it with `shutdown_ray()` (or at exit).
+
   Raises:
     RayUnavailableError: no cluster answers at `address` (a "host:port" address is probed for
-      `connect_timeout` seconds first), or "auto" finds none.
+      `connect_timeout` seconds first), or "auto" finds none, or the local head did not start.
   """
   ray = import_ray()
   if ray.is_initialized():
@@ -90,15 +95,23 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None,
     check_ray_address(address, connect_timeout)
   kw: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
                             ignore_reinit_error=True)
+  cpus = num_cpus if num_cpus is not None else max(os.cpu_count() or 1, 4)
+  memory = object_store_memory or 256 * 2 ** 20
   if address:
     kw["address"] = address
+  elif own_session:
+    from jaxrl_sys.rollout.workers import ray_head  # pylint: disable=import-outside-toplevel
+    try:
+      kw["address"] = ray_head.start_head(num_cpus=cpus, object_store_memory=memory)
+    except RuntimeError as e:
+      raise RayUnavailableError(f"could not start a local Ray: {e}") from None
+    kw.pop("include_dashboard")
   else:
     # "local": always a new instance of our own. Without it Ray joins whatever cluster
     # /tmp/ray/ray_current_cluster names (another job's `ray start`, or a stale file left by a
     # killed one) and then refuses `num_cpus`.
     kw["address"] = "local"
-    kw["num_cpus"] = num_cpus if num_cpus is not None else max(os.cpu_count() or 1, 4)
-    kw["object_store_memory"] = object_store_memory or 256 * 2 ** 20
+    kw["num_cpus"], kw["object_store_memory"] = cpus, memory
   try:
     ray.init(**kw)
   except (ConnectionError, RuntimeError, ValueError) as e:
@@ -106,6 +119,15 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None,
         f"could not start or reach Ray ({address or 'local'}): {str(e).strip()}; check "
         "--ray_address, or that `ray start --head` runs on the cluster (leave --ray_address "
         "unset to start a local Ray)") from None
+
+
+def shutdown_ray() -> None:
+  """Disconnects from Ray and stops the local head `init_ray(own_session=True)` started."""
+  from jaxrl_sys.rollout.workers import ray_head  # pylint: disable=import-outside-toplevel
+  ray = import_ray()
+  if ray.is_initialized():
+    ray.shutdown()
+  ray_head.stop_head()
 
 
 def _merge(into: WorkerReport | None, rep: WorkerReport) -> WorkerReport:

@@ -15,12 +15,20 @@ tried first. A checkpoint of another configuration (identity or layout differ) r
 `CheckpointMismatchError` naming the differences and is left alone; only a real read failure
 (orbax raises on truncated or missing files) or a fingerprint mismatch (silent corruption)
 renames the step directory aside with a warning and tries the previous step.
+
+A save that fails (a full disk, a lost mount; orbax reports it at that save, the next one or
+`wait`) raises `CheckpointSaveError` once, in one line, after deleting the step's partial
+`*.orbax-checkpoint-tmp` directory: the checkpoints before it stay usable, nothing half-written
+is left. Orbax's own error logs of that failure are dropped (it is reported once).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import re
+import shutil
+import sys
 import time
 from typing import NamedTuple
 
@@ -55,6 +63,55 @@ class CheckpointsUnreadable(RuntimeError):
   def __init__(self, directory: str, notes: list[str]):
     super().__init__(f"no checkpoint in {directory} can be read: " + "; ".join(notes))
     self.directory, self.notes = directory, list(notes)
+
+
+class CheckpointSaveError(ValueError):
+  """A checkpoint could not be written; its partial files were removed (see the module
+  docstring)."""
+
+
+class _DropSaveFailureLogs(logging.Filter):
+  """Drops orbax's error logs of a failed background save (with the exception's stack) and
+  asyncio's "Event loop is closed" that follow it: `Checkpointer` reports the failure once."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    text = f"{record.getMessage()} {exc}"
+    if "Event loop is closed" in text:
+      return False
+    return not (record.levelno >= logging.ERROR and "orbax" in record.pathname
+                and (exc is not None or "failed" in text.lower()))
+
+
+_SAVE_FILTER = _DropSaveFailureLogs()
+_FILTERED = ("absl", "orbax", "asyncio", "")
+_FILTER_USERS = [0]  # open Checkpointers: the filter is installed while any is open
+
+
+def _filter_save_logs(on: bool) -> None:
+  """Installs (first user) or removes (last user) the log filter; installs the unraisable-
+  exception hook below."""
+  _FILTER_USERS[0] += 1 if on else -1
+  for name in _FILTERED:
+    if _FILTER_USERS[0] > 0:
+      logging.getLogger(name).addFilter(_SAVE_FILTER)  # once: addFilter ignores repeats
+    else:
+      logging.getLogger(name).removeFilter(_SAVE_FILTER)
+  if on and sys.unraisablehook is not _drop_closed_loop:
+    # stays installed: the callbacks of a failed save may come after the Checkpointer closed
+    _PREVIOUS_HOOK[0] = sys.unraisablehook
+    sys.unraisablehook = _drop_closed_loop
+
+
+_PREVIOUS_HOOK = [sys.unraisablehook]
+
+
+def _drop_closed_loop(unraisable) -> None:
+  """tensorstore's completion callbacks of a failed orbax write reach an event loop orbax has
+  closed: Python prints each as an unraisable "Event loop is closed" stack. Dropped; the rest
+  goes to the previous hook."""
+  if "Event loop is closed" not in str(unraisable.exc_value):
+    _PREVIOUS_HOOK[0](unraisable)
 
 
 class _DropClosedLoop(logging.Filter):
@@ -103,7 +160,10 @@ class Checkpointer:
     self.base_digest: str | None = None
     self.directory = os.path.abspath(config.directory)
     os.makedirs(self.directory, exist_ok=True)
+    self._failure: CheckpointSaveError | None = None
     self._mngr = self._open()
+    _filter_save_logs(True)
+    self._filtering = True
 
   def _open(self):
     opts = ocp.CheckpointManagerOptions(max_to_keep=self.config.keep, save_interval_steps=1,
@@ -139,15 +199,68 @@ class Checkpointer:
       meta["fingerprint"] = fingerprint(state_to_dict(state))
     args = ocp.args.Composite(state=ocp.args.StandardSave(state_to_dict(state)),
                               meta=ocp.args.JsonSave(meta))
-    return bool(self._mngr.save(step, args=args, force=force))
+    if self._failure is not None:
+      raise self._failure
+    try:
+      return bool(self._mngr.save(step, args=args, force=force))
+    except Exception as e:  # pylint: disable=broad-except  (a failed write, this save or the last)
+      raise self._save_failed(e, step) from e
 
   def wait(self) -> None:
-    """Blocks until background writes are committed."""
-    self._mngr.wait_until_finished()
+    """Blocks until background writes are committed.
+
+    Raises:
+      CheckpointSaveError: a save failed (reported once; its partial files are removed).
+    """
+    if self._failure is not None:
+      return
+    try:
+      self._mngr.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_failed(e, None) from e
 
   def close(self) -> None:
-    self._mngr.wait_until_finished()
-    self._mngr.close()
+    """Waits for the save in flight (raising its failure, unless already raised), then closes."""
+    try:
+      self.wait()
+    finally:
+      if self._filtering:
+        self._filtering = False
+        _filter_save_logs(False)
+      try:
+        self._mngr.close()
+      except Exception:  # pylint: disable=broad-except
+        if self._failure is None:
+          raise
+
+  def _save_failed(self, error: Exception, step: int | None) -> CheckpointSaveError:
+    """Removes the partial step directories and returns the one-line error of the failure."""
+    text = str(error)
+    partial = sorted(n for n in os.listdir(self.directory) if n.endswith(".orbax-checkpoint-tmp"))
+    named = re.search(r"/(\d+)\.orbax-checkpoint-tmp", text)
+    if named is not None:
+      step = int(named.group(1))
+    elif partial:
+      step = int(partial[-1].split(".")[0])
+    for name in partial:  # orbax's writes have ended (they failed): nothing writes here now
+      shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    full = ("No space left" in text or "RESOURCE_EXHAUSTED" in text
+            or getattr(error, "errno", None) == 28)
+    why = ("the disk is full (No space left on device)" if full else
+           f"{type(error).__name__}: {text.splitlines()[0][:300] if text else ''}")
+    try:
+      self._mngr.reload()
+      kept = self.all_steps()
+    except Exception:  # pylint: disable=broad-except
+      kept = []
+    where = f"checkpoint {step}" if step is not None else "a checkpoint"
+    self._failure = CheckpointSaveError(
+        f"saving {where} in {self.directory} failed: {why}. Its partial files were removed; "
+        + (f"the checkpoints of steps {kept} are intact. Free space there (or choose another "
+           "--checkpoint_dir), then continue with --resume" if kept else
+           "no checkpoint was written. Free space there (or choose another --checkpoint_dir), "
+           "then run again"))
+    return self._failure
 
   def _read_meta(self, step: int) -> dict:
     meta = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]

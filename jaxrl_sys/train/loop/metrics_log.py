@@ -310,6 +310,12 @@ def step_row(metrics: Mapping[str, Any], stats, *, version: int, t_roll: float, 
   return row
 
 
+# The rollout metrics that count work: in a multi-process run each process's client counts its
+# own share, and the row holds their sum over the processes.
+SUMMED_COUNTS = ("rollout_migrated", "rollout_tokens_kept", "rollout_balanced", "rollout_joined",
+                 "rollout_lost", "rollout_tokens", "weight_pulls", "live_workers")
+
+
 def rollout_metrics(before: dict, after: dict) -> dict:
   """Per-step rollout metrics: counter differences over the step plus the gauges."""
   out = {}

@@ -56,7 +56,8 @@ from jaxrl_sys.train.loop.config import CheckpointConfig
 from jaxrl_sys.train.loop.groups import group_requests
 from jaxrl_sys.train.loop.guard import DivergenceGuard
 from jaxrl_sys.train.loop.local_step import LocalStep
-from jaxrl_sys.train.loop.metrics_log import (MetricsLogger, Progress, rollout_metrics, step_row,
+from jaxrl_sys.train.loop.metrics_log import (SUMMED_COUNTS, MetricsLogger, Progress,
+                                              rollout_metrics, step_row,
                                               train_flops_per_token)
 from jaxrl_sys.train.loop.plan import RunPlan
 from jaxrl_sys.train.loop.process_group import ProcessGroup
@@ -348,7 +349,10 @@ class RLLoop:
                        flops_per_token=self.flops_per_token, next_prompt=self.next_prompt)
         row["publish_bytes"] = published
         now_counters = dict(client.metrics())
-        row.update(rollout_metrics(counters, now_counters))
+        rollout = rollout_metrics(counters, now_counters)
+        if self.multi:  # each process generates its share: the job's counts are the sums
+          rollout = multihost.sum_across(rollout, SUMMED_COUNTS)
+        row.update(rollout)
         counters = now_counters
         row["groups_buffered"] = len(buffer.groups)
         if self.plan.train_model.moe is not None:  # this process's routes of its samples

@@ -1,5 +1,7 @@
-"""How a run stops on signals: SIGTERM and SIGINT (Ctrl-C) ask it to finish the step and save;
-a second SIGINT aborts at the next safe point; a third exits the process at once.
+"""How a run stops on signals: SIGTERM, SIGHUP (the terminal closed, e.g. a dropped SSH
+session) and SIGINT (Ctrl-C) ask it to finish the step and save; a second SIGINT aborts at the
+next safe point; a third exits the process at once. After SIGHUP the run's terminal output goes
+to /dev/null (writing to a hung-up terminal fails, which would end the run before its save).
 
 The handlers never raise into the code they interrupt: an exception raised by a signal handler
 inside orbax's or JAX's waits can leave a lock held or a checkpoint half-written (and the
@@ -16,12 +18,30 @@ import threading
 from typing import Callable
 
 
+# The signals that stop a run gracefully (SIGHUP: a closed terminal, as SIGTERM).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _detach_from_terminal() -> None:
+  """Points stdout and stderr at /dev/null where they are a terminal (one that hung up)."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  try:
+    for fd in (1, 2):
+      try:
+        if os.isatty(fd):
+          os.dup2(devnull, fd)
+      except OSError:
+        pass
+  finally:
+    os.close(devnull)
+
+
 class RunInterrupted(KeyboardInterrupt):
   """A second SIGINT: the run stopped at once (the checkpoint save in flight was flushed)."""
 
 
 class StopSignals:
-  """The stop state of one run, and its SIGTERM / SIGINT handlers.
+  """The stop state of one run, and its SIGTERM / SIGHUP / SIGINT handlers.
 
   Args:
     message: prints a line for the user (the run's `Progress.message`).
@@ -41,7 +61,7 @@ class StopSignals:
     nest: the handlers stay until the outermost `restore`."""
     self._depth += 1
     if self._depth == 1 and threading.current_thread() is threading.main_thread():
-      self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+      self._old = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
 
   def restore(self) -> None:
     self._depth = max(self._depth - 1, 0)
@@ -64,6 +84,8 @@ class StopSignals:
 
   def _handle(self, signum, frame) -> None:  # pylint: disable=unused-argument
     name = signal.Signals(signum).name
+    if signum == signal.SIGHUP:
+      _detach_from_terminal()
     if signum == signal.SIGINT and self.abort:
       os.write(2, b"third SIGINT: exiting now, without waiting for the checkpoint save\n")
       os._exit(130)  # pylint: disable=protected-access

@@ -67,6 +67,18 @@ def allgather(x: np.ndarray) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=False))
 
 
+def sum_across(row: dict, keys) -> dict:
+  """`row` with its `keys` (those present on every process) summed over the processes: counts
+  of work each process does for its share (tokens generated, requests migrated). A collective:
+  every process calls it with the same keys."""
+  present = [k for k in keys if k in row]
+  if not present:
+    return row
+  mine = np.array([row[k] for k in present], np.int32)  # per-step counts fit
+  total = allgather(mine).sum(axis=0)
+  return dict(row, **{k: int(v) for k, v in zip(present, total)})
+
+
 def agree_any(flag: bool) -> bool:
   """True on every process when it is True on any (a collective)."""
   if jax.process_count() == 1:

@@ -20,7 +20,9 @@ import os
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable, Mapping
+
+from jaxrl_sys.train.multihost.rendezvous import JoinError, Rendezvous  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 EXIT_LOST_PROCESS = 4
 _KEY = "jaxrl_sys/alive/"
 _DONE, _FAILED = "done", "failed: "
+_RESUME = "resume the run with --resume from its last checkpoint, if it saved one (--save_every)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +68,11 @@ class DistributedConfig:
         0 <= self.process_id < self.num_processes):
       raise ValueError(f"distributed.process_id={self.process_id} must lie in [0, "
                        f"distributed.num_processes={self.num_processes})")
-    if self.timeout <= 0:
-      raise ValueError(f"distributed.timeout={self.timeout} must be > 0 seconds")
+    if not self.timeout > 0 or self.timeout == float("inf"):
+      raise ValueError(f"distributed.timeout={self.timeout} must be a finite number of "
+                       "seconds > 0")
+    if self.coordinator_address is not None:
+      coordinator_host_port(self.coordinator_address)  # validates
     parse_device_ids(self.local_device_ids)  # validates
     explicit = (self.coordinator_address, self.num_processes, self.process_id)
     if (self.num_processes or 1) > 1 and None in explicit and detect_cluster() is None:
@@ -85,6 +91,21 @@ class DistributedConfig:
   def device_ids(self) -> tuple[int, ...] | None:
     """`local_device_ids` as integers ("0,1" -> (0, 1); None = all)."""
     return parse_device_ids(self.local_device_ids)
+
+
+def coordinator_host_port(address: str) -> tuple[str, int]:
+  """("host", port) of "host:port" (also "[ipv6]:port").
+
+  Raises:
+    ValueError: no port, or a port that is not a number in 1..65535.
+  """
+  host, sep, port = str(address).rpartition(":")
+  host = host.strip("[]")
+  if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise ValueError(f"distributed.coordinator_address={address!r}: expected HOST:PORT, the "
+                     "address and a free port of process 0 (e.g. localhost:12355), the same on "
+                     "every process")
+  return host, int(port)
 
 
 def parse_device_ids(text: str | None) -> tuple[int, ...] | None:
@@ -131,21 +152,37 @@ def _set_cpu_collectives() -> None:
     log.debug("jax_cpu_collectives_implementation not set: %s", e)
 
 
-def initialize(config: DistributedConfig, *, watchdog: bool = True) -> "Watchdog | None":
+def initialize(config: DistributedConfig, *, watchdog: bool = True,
+               settings: Mapping[str, Any] | None = None) -> "Watchdog | None":
   """Joins the job when the flags or the environment ask for several processes (else does
   nothing and returns None). Must run before any JAX computation.
+
+  With an explicit job (`coordinator_address`, `num_processes`, `process_id`), every process
+  first joins the side channel (`multihost.rendezvous`): the processes' `settings` are compared
+  and a process that does not join within `config.timeout` is named, before JAX starts; the
+  channel then reports a lost process (any rank) the moment its connection closes.
 
   Returns:
     The started `Watchdog` (None for a single process or `watchdog=False`).
 
   Raises:
-    ValueError: when the coordinator cannot be reached within `config.timeout` (the message
-      names the address and what to check).
+    ValueError: the coordinator cannot be reached within `config.timeout` (the message names
+      the address and what to check), or the processes' settings differ (naming them).
+    rendezvous.JoinError: a process did not join, or process 0 did not answer, in time.
   """
   if not config.explicit and config.coordinator_address is None:
     found = detect_cluster()
     if found is None or found[1] <= 1:
       return None
+  side = None
+  if config.explicit and config.coordinator_address and config.process_id is not None:
+    side = Rendezvous(config.coordinator_address, config.process_id, config.num_processes,
+                      settings or {}, timeout=config.timeout)
+    try:
+      side.join()
+    except BaseException:
+      side.close()
+      raise
   import jax  # pylint: disable=import-outside-toplevel
   _set_cpu_collectives()
   timeout = max(int(round(config.timeout)), 1)
@@ -167,7 +204,7 @@ def initialize(config: DistributedConfig, *, watchdog: bool = True) -> "Watchdog
         "--process_id, and that process 0's port is reachable") from e
   if not watchdog or jax.process_count() == 1:
     return None
-  dog = Watchdog(jax.process_index(), jax.process_count(), config.timeout)
+  dog = Watchdog(jax.process_index(), jax.process_count(), config.timeout, side=side)
   dog.start()
   return dog
 
@@ -202,8 +239,9 @@ class Watchdog:
 
   def __init__(self, index: int, count: int, timeout: float, *, client=None,
                clock: Callable[[], float] = time.monotonic,
-               on_lost: Callable[[str], None] = _default_exit):
+               on_lost: Callable[[str], None] = _default_exit, side: Rendezvous | None = None):
     self.index, self.count, self.timeout = index, count, float(timeout)
+    self.side = side  # the side channel: a peer's closed connection is a loss at once
     self._client = client if client is not None else _client()
     self.clock, self.on_lost = clock, on_lost
     self._beat = 0
@@ -215,6 +253,8 @@ class Watchdog:
   def start(self) -> None:
     self.tick()
     self._thread.start()
+    if self.side is not None:
+      self.side.watch(self._report)
 
   def stop(self) -> None:
     self._halt.set()
@@ -223,6 +263,8 @@ class Watchdog:
     """Tells the peers this process ends: cleanly (its silence is then no loss), or with
     `error` (they stop at once with a message quoting it). Stops the heartbeats."""
     self._halt.set()
+    if self.side is not None:
+      self.side.finish(error)
     try:
       value = _DONE if error is None else _FAILED + error[:300]
       self._client.key_value_set(f"{_KEY}{self.index}", value, allow_overwrite=True)
@@ -258,14 +300,13 @@ class Watchdog:
           return self._report(
               f"lost process {peer} of {self.count}: no heartbeat for {now - last[1]:.0f} s "
               f"(--distributed_timeout={self.timeout:g}); it died or hangs. Process "
-              f"{self.index} stops too; resume the run from its last checkpoint (--resume)")
+              f"{self.index} stops too; {_RESUME}")
     except Exception as e:  # pylint: disable=broad-except
       if self._halt.is_set():
         return None
       return self._report(
           f"lost the coordinator (process 0 of {self.count}) or its connection: "
-          f"{type(e).__name__}: {str(e)[:200]}. Process {self.index} stops too; resume the run "
-          "from its last checkpoint (--resume)")
+          f"{type(e).__name__}: {str(e)[:200]}. Process {self.index} stops too; {_RESUME}")
     return None
 
   def _try_get(self, key: str) -> str:

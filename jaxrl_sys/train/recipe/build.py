@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
@@ -39,6 +39,7 @@ from jaxrl_sys.sharding import DEFAULT_RULES, MeshSpec, parse_mesh
 from jaxrl_sys.tasks import (CountingTask, DatasetTask, call_env_factory, load_env, make_task,
                              parse_task_spec)
 from jaxrl_sys.tasks.turns import turn_format
+from jaxrl_sys.tasks.dataset import unknown_characters_note
 from jaxrl_sys.train.loop.config import CheckpointConfig, LoopConfig
 from jaxrl_sys.train.loop.groups import encode_prompt
 from jaxrl_sys.train.loop.periodic_eval import SYNTHETIC_EVAL_START
@@ -203,7 +204,7 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   notes = []
   if dataset:
     task, prompt_len, new_tokens, note = _fit_dataset(task, model, rc)
-    notes += [note] if note else []
+    notes += [n for n in (note, unknown_characters_note(task, model.tokenizer)) if n]
     if env_factory is not None and rc.loop.max_new_tokens is None:
       new_tokens = max(new_tokens, 32 * rc.agent.max_turns)  # turns and observations
   n_eval = rc.eval.prompts
@@ -220,7 +221,8 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   model.config = dataclasses.replace(precision.train_model(model.config), lora=rc.lora)
   if model.config.lora is not None:
     lora.target_paths(model.config)  # a target the model lacks fails here, before any work
-  rc = rc.replace(**{"precision.export_dtype": rc.precision.export_dtype or model.source_dtype})
+  # float32 by default: a cast to the checkpoint's bfloat16 would round most of an RL update away
+  rc = rc.replace(**{"precision.export_dtype": rc.precision.export_dtype or "float32"})
   for flag in ("export_hf", "export_peft"):
     if rc.get(f"output.{flag}") and model.is_preset and model.config.moe is not None:
       raise ValueError(f"--{flag} with --model={rc.model.name}: the tiny MoE preset has no "
@@ -302,8 +304,8 @@ def agent_driver(recipe: Recipe, session: RolloutSession, *, check_template: boo
 _IN_PROCESS = RolloutSetup()
 
 
-def rollout_session(recipe: Recipe, *, warmup: bool = False, clock: Clock = WALL
-                    ) -> RolloutSession:
+def rollout_session(recipe: Recipe, *, warmup: bool = False, clock: Clock = WALL,
+                    message: Callable[[str], None] | None = None) -> RolloutSession:
   """The training rollout session of `recipe` (`make_client`: in-process engines, or Ray
   workers with `--rollout=ray`), with no weights yet; the caller closes it.
 
@@ -312,11 +314,13 @@ def rollout_session(recipe: Recipe, *, warmup: bool = False, clock: Clock = WALL
     warmup: compile every prefill / decode shape of the in-process engines before the first
       request (no compilation stalls mid-run; slower start).
     clock: the session's time source.
+    message: prints the Ray fleet's lines (kills, joins, migrations).
   """
   plan = recipe.plan
   options = ClientOptions(local_workers=plan.loop.local_workers, warmup=warmup,
                           seed=plan.loop.seed,
-                          compile_cache=jax.config.jax_compilation_cache_dir or None)
+                          compile_cache=jax.config.jax_compilation_cache_dir or None,
+                          message=message)
   session = make_client(recipe.rollout, plan.rollout_model, plan.engine, options=options,
                         clock=clock)
   return agent_driver(recipe, session) if recipe.agentic else session

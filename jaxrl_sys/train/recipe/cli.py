@@ -99,7 +99,25 @@ def apply_config_file(path: str, flag_values: flags.FlagValues = flags.FLAGS) ->
       raise ValueError(f"--config={path}: bad value {value!r} for {name!r}: {e}") from e
 
 
+def check_flag_names(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Raises ValueError when the command line sets one setting under two names (`--steps=2
+  --loop.steps=3`: absl would let the later win without a word). The same name twice is an
+  override, as in any absl program."""
+  for short, path in ALIASES.items():
+    if short not in flag_values or path not in flag_values:
+      continue
+    alias, full = flag_values[short].present, flag_values[path].present
+    if alias and full > alias:
+      raise ValueError(f"--{short} and --{path} both set {path} (they are one setting): give "
+                       "it once")
+
+
 def run_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> RunConfig:
-  """The validated `RunConfig` of the parsed flags."""
+  """The validated `RunConfig` of the parsed flags.
+
+  Raises:
+    ValueError: a setting given under two names, or a value a section rejects.
+  """
+  check_flag_names(flag_values)
   return from_settings({name: flag_values[name].value for name in setting_flags()})
 

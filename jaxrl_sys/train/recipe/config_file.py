@@ -21,9 +21,11 @@ import difflib
 import json
 import os
 import time
+import typing
 from typing import Any, Iterable, Mapping
 
-from jaxrl_sys.train.recipe.run_config import ALIASES, resolve, sections, setting_paths
+from jaxrl_sys.train.recipe.run_config import (ALIASES, resolve, sections, setting_names,
+                                               setting_paths)
 
 # Settings that say where a run writes and how this launch is placed (the processes of a
 # multi-process job: the run is the same whatever their number), not what it computes (short
@@ -87,7 +89,11 @@ def flat_settings(data: Mapping[str, Any], path: str = "FILE") -> dict[str, Any]
   for key, value in data.items():
     if key == HISTORY_KEY:  # config.json's record of earlier calls, not a setting
       continue
-    if key in sections() and isinstance(value, Mapping):
+    if key in sections() and (isinstance(value, Mapping) or key not in ALIASES):
+      if not isinstance(value, Mapping):  # a section name (that is no short flag) holding a value
+        raise ValueError(f"--config={path}: {key!r} is a section, a mapping of its settings "
+                         f"(e.g. {key}: {{{setting_names(sections()[key])[0]}: ...}}), not "
+                         f"{value!r}")
       flat.update({f"{key}.{k}": v for k, v in value.items()})
     else:
       flat[key] = value
@@ -97,8 +103,18 @@ def flat_settings(data: Mapping[str, Any], path: str = "FILE") -> dict[str, Any]
     name = resolve(key)
     if name in out and out[name] != value:
       raise ValueError(f"--config={path}: {name} is given twice ({out[name]!r} and {value!r})")
+    if value is None and not _nullable(name):
+      raise ValueError(f"--config={path}: {name} is null, and it needs a value; give one, or "
+                       "leave the key out for its default")
     out[name] = value
   return out
+
+
+def _nullable(path: str) -> bool:
+  """Whether setting `path` ("section.field") may be None (its type is `X | None`)."""
+  section, field = path.split(".")
+  hint = typing.get_type_hints(sections()[section])[field]
+  return type(None) in typing.get_args(hint)
 
 
 def reproducible(config: Any) -> dict[str, Any]:
@@ -126,6 +142,11 @@ def short_names(data: Mapping[str, Any]) -> dict[str, Any]:
   ("steps"), else "section.field" (the flat form older config.json files used)."""
   short = {path: name for name, path in ALIASES.items()}
   return {short.get(path, path): value for path, value in flat_settings(data).items()}
+
+
+def flatten(tree: Mapping[str, Any]) -> dict[str, Any]:
+  """{"section.field": value} of a nested settings tree (`reproducible`'s)."""
+  return _flat(tree)
 
 
 def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -35,9 +35,11 @@ from jaxrl_sys.train.recipe.config_file import (HISTORY_KEY, WriteOnce, reproduc
 from jaxrl_sys.train.recipe.run_config import RunConfig
 from jaxrl_sys.train.precision import cast_floating
 from jaxrl_sys.train.recipe.run_dir import (RESUME_OVERWRITE, check_export_dir,
-                                            claim_checkpoint_dir, claim_run_dir,
-                                            describe_outputs, load_tree, mark_export_dir,
-                                            save_params, save_tree, write_json)
+                                            claim_checkpoint_dir, claim_output_dir,
+                                            claim_run_dir, describe_outputs,
+                                            load_tree, local_store_dir,
+                                            mark_export_dir, save_params, save_tree,
+                                            write_json)
 
 log = logging.getLogger(__name__)
 # LoRA: the frozen base a run made (random init, supervised warm-up), beside its checkpoints.
@@ -106,7 +108,7 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
   main = multihost.is_main()
   progress = Progress(rc.loop.steps, rc.output.progress and main, messages=messages and main)
   run_dir = None
-  locks = []  # the run directory's, then an external checkpoint directory's
+  locks = []  # the run directory's, then those of the other directories it writes
 
   def claim():
     path = None
@@ -114,11 +116,18 @@ def run_recipe(recipe: Recipe, *, resume: bool = False, messages: bool = True) -
       path, lock = claim_run_dir(rc.output.out_dir, overwrite=rc.output.overwrite,
                                  resume=resume, message=progress.message)
       locks.append(lock)
-    ckpt_lock = claim_checkpoint_dir(rc.checkpoint.directory, path, message=progress.message)
-    locks.extend([ckpt_lock] if ckpt_lock else [])
     check_export_dir(rc.output.export_hf, path, overwrite=rc.output.overwrite, resume=resume)
     check_export_dir(rc.output.export_peft, path, overwrite=rc.output.overwrite, resume=resume,
                      flag="--export_peft")
+    # every other directory the run writes is held too: another run pointed at one of them is
+    # refused while this one lives
+    for claimed in (claim_checkpoint_dir(rc.checkpoint.directory, path, message=progress.message),
+                    claim_output_dir(rc.output.export_hf, "--export_hf", message=progress.message),
+                    claim_output_dir(rc.output.export_peft, "--export_peft",
+                                     message=progress.message),
+                    claim_output_dir(local_store_dir(rc.rollout.weight_store),
+                                     "--weight_store=tensorstore:", message=progress.message)):
+      locks.extend([claimed] if claimed else [])
     return path
 
   try:
@@ -159,6 +168,11 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
     else:
       write_json(config_path, settings)
   progress.message(rc.precision.describe())
+  warm = recipe.plan.train.optim.warmup_steps
+  if warm and not resume:
+    progress.message(f"learning rate: linear warm-up from 0 to "
+                     f"{recipe.plan.train.optim.learning_rate:g} over steps 1-{warm + 1} (step 1 "
+                     "trains at 0; --lr_warmup_steps=0 starts at the full rate)")
   mesh = recipe_mesh(recipe.mesh_spec)
 
   base_file = ckpt.directory and os.path.join(ckpt.directory, LORA_BASE_FILE)
@@ -186,7 +200,8 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
 
   hooks = [recipe.task.metrics_hook] if isinstance(recipe.task, CountingTask) else []
   hooks += config_hooks
-  sessions = [rollout_session(recipe)]  # built once here, closed once below
+  # built once here, closed once below
+  sessions = [rollout_session(recipe, message=progress.message)]
 
   def close_sessions():
     while sessions:
@@ -238,7 +253,7 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
     save_params(os.path.join(run_dir, "final_params.npz"), params)
     _plot(recipe, run_dir, result.history)
   if export_hf and not result.preempted and main:
-    _export(recipe, params, run_dir)
+    out.notes.append(_export(recipe, params, run_dir))
   elif export_hf and main:
     out.notes.append(f"run preempted: --export_hf={export_hf} not written (resume to finish)")
   if rc.output.export_peft and not result.preempted and main:
@@ -274,8 +289,10 @@ def _plot(recipe: Recipe, run_dir: str, history: list[dict]) -> None:
                        "workers)")
 
 
-def _export(recipe: Recipe, params, run_dir: str | None) -> None:
-  from jaxrl_sys.models import export_hf  # pylint: disable=import-outside-toplevel
+def _export(recipe: Recipe, params, run_dir: str | None) -> str:
+  """Writes --export_hf; returns the line saying how much of the update its dtype keeps."""
+  # pylint: disable-next=import-outside-toplevel
+  from jaxrl_sys.models.hf.export import export_hf, update_survival
   rc, model = recipe.config, recipe.model
   config, files = model.config, None
   if model.is_preset:  # the char tokenizer as an HF tokenizer; its special ids in config.json
@@ -288,6 +305,10 @@ def _export(recipe: Recipe, params, run_dir: str | None) -> None:
             tokenizer_files=files, overwrite=True, dtype=rc.precision.export_dtype)
   if run_dir:
     mark_export_dir(rc.output.export_hf, run_dir)
+  initial = model.params
+  if initial is None:  # a preset starts from its seeded initialisation
+    initial = init_params(recipe.plan.train_model, jax.random.PRNGKey(rc.loop.seed))
+  return "--export_hf: " + update_survival(initial, params, rc.precision.export_dtype).describe()
 
 
 def _write_base(path: str, params) -> None:

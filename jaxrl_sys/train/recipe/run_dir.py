@@ -6,8 +6,10 @@ A run directory holds `config.json`, `metrics.jsonl`, `tb/` (TensorBoard), `rewa
 refuses a directory that already holds a run unless the run is resumed (its outputs continue)
 or `overwrite` is set (the earlier run's outputs are deleted first). `claim_run_dir` also
 takes the directory's lock (`train.run_lock`) before touching anything, so a running job's
-outputs are never deleted or appended to by another run; `claim_checkpoint_dir` does the same
-for a `--checkpoint_dir` outside the run directory.
+outputs are never deleted or appended to by another run; `claim_output_dir` does the same for
+every other directory a run writes (its checkpoint directory, inside the run directory or not,
+the `--export_hf` directory, a local tensorstore weight store): a second run pointed at any of
+them (`--checkpoint_dir=<a live run>/checkpoints --resume`) is refused while the first lives.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import tempfile
 import time
 from typing import Callable
 
-from jaxrl_sys.train.recipe.run_lock import RunLock
+from jaxrl_sys.train.recipe.run_lock import LOCK_NAME, RunLock
 
 import jax
 import jax.numpy as jnp
@@ -73,7 +75,15 @@ def previous_run_entries(path: str) -> list[str]:
   """The run outputs already present in `path` (empty for a new or unrelated directory)."""
   if not os.path.isdir(path):
     return []
-  return sorted(e for e in os.listdir(path) if e in RUN_FILES + RUN_DIRS)
+
+  def holds_output(name: str) -> bool:
+    if name in RUN_FILES:
+      return True
+    full = os.path.join(path, name)  # a run directory's subdirectory: empty ones (but for a
+    return name in RUN_DIRS and (not os.path.isdir(full) or any(  # lock) hold nothing
+        e != LOCK_NAME for e in os.listdir(full)))
+
+  return sorted(e for e in os.listdir(path) if holds_output(e))
 
 
 RESUME_OVERWRITE = ("--resume continues the run in --out_dir and --overwrite deletes it: pass "
@@ -110,7 +120,7 @@ def claim_run_dir(path: str, *, overwrite: bool = False, resume: bool = False,
             f"--out_dir={path} already holds a run ({', '.join(found)}); pass --overwrite to "
             "replace it, --resume to continue it, or another --out_dir (without --out_dir each "
             "run gets a new directory under runs/)")
-      for name in found:
+      for name in sorted(e for e in os.listdir(path) if e in RUN_FILES + RUN_DIRS):
         target = os.path.join(path, name)
         if os.path.isdir(target) and not os.path.islink(target):
           shutil.rmtree(target)
@@ -122,28 +132,44 @@ def claim_run_dir(path: str, *, overwrite: bool = False, resume: bool = False,
   return path, lock
 
 
-def claim_checkpoint_dir(directory: str | None, run_dir: str | None, *,
-                         message: Callable[[str], None] | None = None) -> RunLock | None:
-  """Takes the lock of an external `--checkpoint_dir` (one outside the run directory, whose
-  own lock already covers `run_dir/...`): two runs writing steps into one checkpoint directory
-  would overwrite and garbage-collect each other's checkpoints. Returns the held lock (release
-  it when the run ends), or None when `directory` is unset or inside `run_dir`.
+def claim_output_dir(directory: str | None, flag: str, *,
+                     message: Callable[[str], None] | None = None) -> RunLock | None:
+  """Takes the lock of a directory a run writes besides its run directory (checkpoints, the
+  export, a local weight store): two runs writing into one directory overwrite and garbage-
+  collect each other's files. Returns the held lock (release it when the run ends), or None
+  when `directory` is unset.
 
   Raises:
-    run_lock.RunDirLockedError: a live run holds the checkpoint directory (nothing is touched);
-      a stale lock of a dead run is reclaimed with a `message`.
+    run_lock.RunDirLockedError: a live run holds the directory (nothing is touched); a stale
+      lock of a dead run is reclaimed with a `message`.
   """
   if not directory:
     return None
   directory = os.path.abspath(os.path.expanduser(directory))
-  if run_dir is not None:
-    inside = os.path.relpath(os.path.realpath(directory), os.path.realpath(run_dir))
-    if inside == os.curdir or not inside.startswith(os.pardir):
-      return None
   os.makedirs(directory, exist_ok=True)
   lock = RunLock(directory, message)
-  lock.acquire(flag="--checkpoint_dir")
+  lock.acquire(flag=flag)
   return lock
+
+
+def claim_checkpoint_dir(directory: str | None, run_dir: str | None, *,
+                         message: Callable[[str], None] | None = None) -> RunLock | None:
+  """`claim_output_dir` of the run's checkpoint directory: `directory`, else `run_dir`'s
+  `checkpoints/` (its own lock too: another run may be pointed at it by --checkpoint_dir)."""
+  if not directory and run_dir is not None:
+    directory = os.path.join(run_dir, "checkpoints")
+  return claim_output_dir(directory, "--checkpoint_dir", message=message)
+
+
+def local_store_dir(spec: str | None) -> str | None:
+  """The directory of a `tensorstore:PATH` (or `tensorstore:file://PATH`) weight store, None for
+  any other store (memory, Ray, a remote URL)."""
+  if not spec or not spec.startswith("tensorstore:"):
+    return None
+  path = spec.split(":", 1)[1]
+  if path.startswith("file://"):
+    path = path[len("file://"):]
+  return path if path and "://" not in path else None
 
 
 def prepare_run_dir(path: str, *, overwrite: bool = False, resume: bool = False) -> str:
@@ -164,7 +190,8 @@ def check_export_dir(path: str | None, run_dir: str | None, *, overwrite: bool,
   if not path or overwrite:
     return
   path = os.path.abspath(path)
-  if not os.path.isdir(path) or not os.listdir(path):
+  entries = [e for e in os.listdir(path) if e != LOCK_NAME] if os.path.isdir(path) else []
+  if not entries:  # its lock file (this run's, or a dead one's) is no content
     return
   if resume and run_dir is not None:
     try:
@@ -173,7 +200,7 @@ def check_export_dir(path: str | None, run_dir: str | None, *, overwrite: bool,
           return
     except (OSError, ValueError, AttributeError):
       pass
-  raise ValueError(f"{flag}={path} is not empty ({len(os.listdir(path))} entries); choose a "
+  raise ValueError(f"{flag}={path} is not empty ({len(entries)} entries); choose a "
                    "new directory or pass --overwrite (checked before training, nothing was "
                    "run)")
 

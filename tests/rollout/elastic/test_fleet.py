@@ -166,3 +166,40 @@ def test_chaos_clock_counts_serving_time_only():
   starts = [w for _, a, w in fleet.log if a == "start"]
   assert len(starts) >= 2, fleet.log
   assert run(serving_clock=False)[39] >= 2, "the plain clock kills starting workers"
+
+
+def test_kills_pause_while_no_worker_has_finished_starting():
+  """Issue 44: kills faster than a worker starts (2 s here, a kill every 0.3 s of serving)
+  livelocked a run. With `pause_kills` a kill only lands after a worker finished starting
+  since the previous one; every kill, join and migration is one line; nothing is lost."""
+  clock, made, said = ManualClock(), {}, []
+
+  def factory(wid):
+    made[wid] = FakeWorker(wid, clock, num_slots=3, tokens_per_exchange=1, latency=0.1,
+                           load_delay=2.0)
+    return made[wid]
+
+  m = RolloutManager(store=MemoryWeightStore(), config=ManagerConfig(balance=False), clock=clock)
+  m.publish({"w": np.zeros(1)}, 0)
+  fleet = Fleet(factory, schedule=ChaosSchedule(kill_every=0.3, seed=3, restart_after=0.1,
+                                                slots=2, distribution="uniform"),
+                serving_clock=True, pause_kills=True, message=said.append)
+  m.add_tick_hook(fleet)
+  reqs = make_requests(20, seed=24, max_new=40)
+  m.submit(reqs)
+  out = []
+  while m.num_pending() and clock.now() < 600:
+    out += m.poll(min_count=1, timeout=0.2)
+  by_id = {r.request_id: r for r in reqs}
+  assert sorted(c.request_id for c in out) == sorted(by_id)
+  for c in out:
+    assert list(c.request.tokens) == expected(by_id[c.request_id])
+  kinds = [a for _, a, _ in fleet.log if a in ("preempt", "join")]
+  kills = kinds.count("preempt")
+  assert kills >= 2 and fleet.skipped_kills > 0
+  for i, a in enumerate(kinds[:-1]):  # a join between any two kills
+    assert not (a == "preempt" and kinds[i + 1] == "preempt"), fleet.log
+  assert sum(s.startswith("fleet: killed ") for s in said) == kills
+  assert sum(s.startswith("fleet: kills paused") for s in said) >= 1
+  assert sum(s.endswith("joined (serving weight version 0)") for s in said) == kinds.count("join")
+  assert any(s.startswith("fleet: migrated ") for s in said) and m.fleet.stats.migrated > 0

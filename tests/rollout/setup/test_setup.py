@@ -57,3 +57,30 @@ def test_a_trace_that_never_makes_an_instance_available_is_refused(tmp_path):
     RolloutSetup(rollout="ray", preempt_trace=str(huge))
   with pytest.raises(ValueError, match="rollout.trace_time_scale must be a finite number > 0"):
     RolloutSetup(rollout="ray", preempt_trace=str(ok), trace_time_scale=float("nan"))
+
+
+@pytest.mark.parametrize("field,bad,rule", [
+    ("worker_token_delay", -0.5, ">= 0"), ("worker_token_delay", float("nan"), ">= 0"),
+    ("chaos_kill_every", -3.0, ">= 0"), ("chaos_kill_every", float("inf"), ">= 0"),
+    ("chaos_restart_after", float("nan"), ">= 0"), ("worker_cpus", -1.0, ">= 0"),
+    ("worker_gpus", float("inf"), ">= 0"), ("heartbeat_timeout", 0.0, "> 0"),
+    ("startup_timeout", float("nan"), "> 0"), ("startup_timeout", -1.0, "> 0")])
+def test_rollout_numbers_are_refused_at_the_edge(field, bad, rule):
+  """Issue 44: a negative or NaN delay or timeout was accepted and failed minutes into a Ray
+  run (a negative --worker_token_delay 25 s in, advising a larger failure budget)."""
+  with pytest.raises(ValueError, match=rf"rollout.{field}={bad} must be a finite number {rule}"):
+    RolloutSetup(rollout="ray", **{field: bad})
+  RolloutSetup(rollout="ray", **{field: 1.0})  # a sane value of the same field passes
+
+
+def test_a_bad_weight_store_is_refused_before_ray_starts():
+  """Issue 44: `--weight_store=tensorstore:` (no path) was refused only after Ray had started
+  and the workers were launched."""
+  for spec in ("tensorstore", "tensorstore:", "ray:x", "s3:bucket"):
+    with pytest.raises(ValueError, match=r"rollout.weight_store: unknown weight store .*use "
+                                         r"'memory', 'ray' or 'tensorstore:PATH_OR_URL'"):
+      RolloutSetup(rollout="ray", weight_store=spec)
+  assert RolloutSetup(rollout="ray", weight_store="tensorstore:/w").weight_store == (
+      "tensorstore:/w")
+  with pytest.raises(ValueError, match=r"rollout.theta=-1 must be >= 0"):
+    RolloutSetup(theta=-1)

@@ -215,7 +215,12 @@ def test_crash_mid_publish_never_moves_latest(tmp_path, monkeypatch, fail_at):
   assert open_latest(tmp_path).version == 1
   assert_same(open_latest(tmp_path).load(), tree(1))
   store.wait()  # the failure is reported once
-  # A restarted trainer resumes at version 1 and cleans the half-written version 2 up.
+  # The failed publish deleted what it wrote (issue 44: no partial version left).
+  assert sorted(os.listdir(tmp_path)) == ["LATEST", "v1"]
+  # A killed trainer cannot clean up: a restarted one resumes at version 1 and its gc deletes
+  # the half-written version 2.
+  os.makedirs(tmp_path / "v2")
+  (tmp_path / "v2" / "a0").write_bytes(b"half")
   monkeypatch.undo()
   again = TensorstoreWeightStore(tmp_path)
   assert again.latest() == 1 and again.published(2) is None
@@ -250,8 +255,18 @@ def test_reopen_resumes_versions(tmp_path):
   store = TensorstoreWeightStore(tmp_path)
   assert store.latest() == 2
   assert_same(store.published(1).load(), tree(1))  # its ref is rebuilt from the manifest
-  with pytest.raises(ValueError, match="not newer than 2"):
-    publish(store, 2, tree(2))
+  publish(store, 3, tree(3))
+  with pytest.raises(ValueError, match="not newer than 3"):  # increasing within one opening
+    publish(store, 3, tree(3))
+  store.close()
+  # A run resumed from an earlier checkpoint publishes version 2 again (issue 44: refused,
+  # "weight version 2 is not newer than 3"): versions 2 and 3 of the earlier opening are dropped.
+  resumed = TensorstoreWeightStore(tmp_path)
+  publish(resumed, 2, tree(7))
+  resumed.wait()
+  assert resumed.latest() == 2 and open_latest(tmp_path).version == 2
+  assert_same(resumed.published(2).load(), tree(7))
+  assert sorted(os.listdir(tmp_path)) == ["LATEST", "v1", "v2"]
 
 
 def test_memory_store_is_zero_copy_and_refuses_to_pickle():
@@ -275,3 +290,39 @@ def test_factory(tmp_path, monkeypatch):
   with pytest.raises(ImportError, match=r"pip install -e \.\[ray\]"):
     make_weight_store("ray")
 
+
+
+def test_a_store_that_does_not_answer_fails_within_its_deadline(tmp_path, monkeypatch):
+  """Issue 44: tensorstore retries an unreachable endpoint (gs:// without credentials) for
+  minutes; every operation has a deadline, and a failed publish leaves no partial version."""
+  import concurrent.futures as cf  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(ts_weights, "REMOTE_TIMEOUT_S", 0.2)
+
+  class Silent:  # a kvstore whose operations never finish
+    def __getattr__(self, name):
+      return lambda *a, **k: cf.Future()
+  monkeypatch.setitem(ts_weights._KVSTORES, "gs://nowhere/w/", Silent())
+  with pytest.raises(ts_weights.WeightStoreUnreachableError,
+                     match=r"gs://nowhere/w/ did not answer within 0.2 s \(reading LATEST\).*"
+                           "credentials"):
+    TensorstoreWeightStore("gs://nowhere/w")
+  # The local operations around the silent write keep a deadline that a loaded machine meets.
+  monkeypatch.setattr(ts_weights, "REMOTE_TIMEOUT_S", 1.0)
+  store = TensorstoreWeightStore(tmp_path)
+  put = store._put
+  monkeypatch.setattr(store, "_put", lambda k, v: cf.Future() if k == "v1/a1" else put(k, v))
+  publish(store, 1, tree(1))
+  with pytest.raises(WeightPublishError, match=r"version 1 .*did not answer .*writing v1/a1"):
+    store.wait()
+  assert store.latest() is None and os.listdir(tmp_path) == []
+
+
+def test_a_full_disk_fails_the_publish_and_leaves_no_partial_version(tmp_path):
+  from tests.full_disk import full_disk  # pylint: disable=import-outside-toplevel
+  big = {"w": np.random.default_rng(0).standard_normal((256, 1024)).astype(np.float32)}  # 1 MiB
+  with full_disk(tmp_path / "disk", "300k") as disk:
+    store = TensorstoreWeightStore(disk)
+    store.publish(big, 1)
+    with pytest.raises(WeightPublishError, match="version 1 .*No space left on device"):
+      store.wait()
+    assert os.listdir(disk) == [] and store.latest() is None

@@ -110,3 +110,21 @@ def test_corrupt_latest_falls_back(tmp_path, caplog, how):
   assert ckpt.all_steps() == [1]
   assert ckpt.save(got.state._replace(step=got.state.step + 1), {})
   ckpt.close()
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_a_full_disk_is_one_clear_error_and_leaves_no_partial_step(tmp_path, caplog):
+  """Issue 44: orbax on a full disk logged ~30 stacks and left N.orbax-checkpoint-tmp."""
+  from jaxrl_sys.train.loop.checkpoint import CheckpointSaveError  # pylint: disable=import-outside-toplevel
+  from tests.full_disk import full_disk  # pylint: disable=import-outside-toplevel
+  state = init_train_state(MC, TC, OPT, mesh=make_mesh("1x1"), seed=0)
+  with full_disk(tmp_path / "disk") as disk:
+    ckpt = Checkpointer(CheckpointConfig(directory=os.path.join(disk, "ck"), keep=2))
+    with caplog.at_level(logging.WARNING), pytest.raises(
+        CheckpointSaveError, match=r"saving checkpoint 0 in .*/ck failed: the disk is full .* "
+                                   "no checkpoint was written"):
+      ckpt.save(state, {"next_prompt": 0})
+      ckpt.wait()
+    ckpt.close()  # reported once
+    assert os.listdir(os.path.join(disk, "ck")) == []
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

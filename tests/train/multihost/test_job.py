@@ -153,3 +153,16 @@ def test_an_unreachable_coordinator_is_named():
   store.down = True
   assert "lost the coordinator (process 0 of 2)" in dogs[1].tick()
   assert len(lost) == 1
+
+
+def test_an_infinite_timeout_or_a_portless_coordinator_is_named():
+  """Issue 44: `--distributed_timeout=inf` was accepted (a lost process was never named), and
+  --coordinator_address without a port failed with "IndexError" once the job started."""
+  for t in (float("inf"), float("nan"), -1.0):
+    with pytest.raises(ValueError, match=r"distributed.timeout=.* must be a finite number of "
+                                         "seconds > 0"):
+      DistributedConfig(timeout=t)
+  for address in ("localhost", "h:", "h:0", "h:70000", "h:x1"):
+    with pytest.raises(ValueError, match=r"coordinator_address=.*expected HOST:PORT"):
+      DistributedConfig(num_processes=2, process_id=0, coordinator_address=address)
+  assert job.coordinator_host_port("[::1]:1234") == ("::1", 1234)

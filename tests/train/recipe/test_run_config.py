@@ -177,3 +177,31 @@ def test_train_section_fields_reach_the_step_config():
     recipe = build_recipe(QUICK.run_config().replace(**{"train.remat": remat}))
     assert recipe.train.remat is remat
     assert recipe.config.train.remat is remat
+
+
+def test_bad_settings_are_refused_at_the_edge(tmp_path):
+  """Issue 44: `--steps=2 --loop.steps=3` trained 3 steps without a word, `loop: {steps: null}`
+  ended in a TypeError traceback, `loop: 5` got "did you mean 'loop.seed'?", a negative or NaN
+  --worker_token_delay failed 25 s into the run, and --coordinator_address without a port
+  failed with "IndexError"."""
+  fv = _flags()
+  fv(["x", "--steps=2", "--loop.steps=3"])
+  with pytest.raises(ValueError, match=r"--steps and --loop.steps both set loop.steps"):
+    cli.run_config_from_flags(fv)
+  fv = _flags()
+  fv(["x", "--steps=2", "--steps=3"])  # one name twice: an override
+  assert cli.run_config_from_flags(fv).loop.steps == 3
+  with pytest.raises(ValueError, match=r"loop.steps is null, and it needs a value"):
+    config_file.flat_settings({"loop": {"steps": None}})
+  assert config_file.flat_settings({"loop": {"max_new_tokens": None}}) == {
+      "loop.max_new_tokens": None}  # None means "the task's default" there
+  with pytest.raises(ValueError, match=r"'loop' is a section, a mapping of its settings"):
+    config_file.flat_settings({"loop": 5})
+  for value in ("-1", "nan", "inf"):
+    with pytest.raises(ValueError, match=rf"rollout.worker_token_delay={value}.* must be a "
+                                         "finite number >= 0"):
+      RunConfig().replace(**{"rollout.rollout": "ray",
+                             "rollout.worker_token_delay": float(value)})
+  for address in ("localhost", "localhost:", "localhost:99999", ":1234"):
+    with pytest.raises(ValueError, match=r"coordinator_address=.*expected HOST:PORT"):
+      RunConfig().replace(**{"distributed.coordinator_address": address})

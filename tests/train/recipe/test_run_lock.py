@@ -110,7 +110,7 @@ def test_unwritable_output_paths_fail_with_a_message(tmp_path):
     os.chmod(ro, 0o755)
 
 
-def test_external_checkpoint_dir_is_locked_like_the_run_dir(tmp_path):
+def test_every_directory_a_run_writes_is_locked_like_the_run_dir(tmp_path):
   ckpt = tmp_path / "ckpts"
   said = []
   lock = run_dir.claim_checkpoint_dir(str(ckpt), str(tmp_path / "run_a"), message=said.append)
@@ -129,6 +129,21 @@ def test_external_checkpoint_dir_is_locked_like_the_run_dir(tmp_path):
   lock = run_dir.claim_checkpoint_dir(str(ckpt), None, message=said.append)
   assert len(said) == 1 and "stale lock of --checkpoint_dir=" in said[0]
   lock.release()
-  # inside the run directory (or no --checkpoint_dir) the run directory's lock covers it
-  assert run_dir.claim_checkpoint_dir(str(tmp_path / "run" / "ck"), str(tmp_path / "run")) is None
-  assert run_dir.claim_checkpoint_dir(None, str(tmp_path / "run")) is None
+  # Issue 44: a run's own checkpoints/ is locked too. Run B pointed at run A's checkpoints
+  # (`--checkpoint_dir=runs/a/checkpoints --resume`) resumed A's live state and overwrote it.
+  own = run_dir.claim_checkpoint_dir(None, str(tmp_path / "a"))
+  assert own.path == str(tmp_path / "a" / "checkpoints" / ".lock")
+  with pytest.raises(run_lock.RunDirLockedError, match=r"--checkpoint_dir=.*a/checkpoints is in "
+                                                       "use by the running job"):
+    run_dir.claim_checkpoint_dir(str(tmp_path / "a" / "checkpoints"), str(tmp_path / "b"))
+  # ... and so are the export and a local weight store; an export holding only its lock is empty
+  export = run_dir.claim_output_dir(str(tmp_path / "hf"), "--export_hf")
+  run_dir.check_export_dir(str(tmp_path / "hf"), None, overwrite=False, resume=False)
+  with pytest.raises(run_lock.RunDirLockedError, match=r"--export_hf=.*hf is in use"):
+    run_dir.claim_output_dir(str(tmp_path / "hf"), "--export_hf")
+  assert run_dir.local_store_dir(f"tensorstore:{tmp_path}/w") == f"{tmp_path}/w"
+  assert run_dir.local_store_dir("tensorstore:gs://b/w") is None
+  assert run_dir.local_store_dir("ray") is None
+  own.release()
+  export.release()
+  assert run_dir.previous_run_entries(str(tmp_path / "a")) == []  # an empty checkpoints/
