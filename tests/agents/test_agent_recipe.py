@@ -1,11 +1,14 @@
 """Agentic training through the recipe (`--task=calculator`): held-out episode success rises
 after the supervised warm-up; a SIGTERM while episodes are in flight, then `--resume`, gives
 the episodes of an undisturbed run token for token, each in-flight one continued exactly from
-its checkpointed tokens, log-probs and versions."""
+its checkpointed tokens, log-probs and versions; with every step training exactly its own
+groups, a SIGTERM mid-episode, then `--resume`, ends on the undisturbed run's weights, bit for
+bit."""
 import json
 import os
 import signal
 
+import jax
 import numpy as np
 import pytest
 
@@ -107,6 +110,72 @@ def test_sigterm_mid_episode_then_resume_matches_undisturbed(tmp_path, monkeypat
     np.testing.assert_array_equal(final.logprobs[:n], saved.logprobs)
     later = final.versions[n:]
     assert (later[later >= 0] >= step).all()  # sampled after the resume by version >= step
+
+
+class StopMidEpisode:
+  """The loop's episode driver, unchanged, except that this process gets SIGTERM the first time
+  an env step of an episode sampled by weights `version` returns a tool result (the episode has
+  more turns to go; the other episodes are mid-turn on the engines)."""
+
+  def __init__(self, driver, version):
+    self.driver, self.version, self.published = driver, version, None
+    make = driver.env_factory
+    driver.env_factory = lambda: self._watch(make())
+
+  def _watch(self, env):
+    step = env.step
+
+    def watched(action):
+      out = step(action)
+      if not out.done and self.published == self.version:
+        self.version = None  # once
+        os.kill(os.getpid(), signal.SIGTERM)
+      return out
+    env.step = watched
+    return env
+
+  def publish(self, params, version, moe_state=None):
+    self.published = version
+    self.driver.publish(params, version, moe_state)
+
+  def __getattr__(self, name):
+    return getattr(self.driver, name)
+
+
+def _run_exact(monkeypatch, out_dir, stop_in=None, resume=False):
+  build = run_lib.rollout_session
+  if stop_in is not None:
+    monkeypatch.setattr(run_lib, "rollout_session",
+                        lambda recipe, **kw: StopMidEpisode(build(recipe, **kw), stop_in))
+  # Sync mode, no over-provisioning: every step trains exactly its own 8 groups (one
+  # micro-batch, in group id order), with a real learning rate. The shapes of `_run`'s runs
+  # (8 groups of 4 per micro-batch, 32 engine slots per engine): the same compiled programs.
+  rc = quick(**TASK, prompts_per_step=8, micro_batch_groups=8, sft_steps=20, steps=3,
+             learning_rate=1e-3, out_dir=out_dir)
+  result = recipe_lib.run_recipe(recipe_lib.build_recipe(rc), resume=resume)
+  monkeypatch.setattr(run_lib, "rollout_session", build)
+  return result
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_sigterm_mid_episode_then_resume_trains_the_undisturbed_weights(tmp_path, monkeypatch):
+  undisturbed = _run_exact(monkeypatch, str(tmp_path / "a"))
+  out = str(tmp_path / "b")
+  stopped = _run_exact(monkeypatch, out, stop_in=1)  # during step 2 (weights version 1)
+  assert stopped.run.preempted and stopped.run.stop_signal == "SIGTERM"
+  assert len(stopped.run.history) == 2  # the step finished, was checkpointed, the run exited
+  resumed = _run_exact(monkeypatch, out, resume=True)
+  assert resumed.run.resumed_from == 2 and not resumed.run.preempted
+  rows = stopped.run.history + resumed.run.history
+  assert len(rows) == len(undisturbed.run.history) == 3
+  for a, b in zip(undisturbed.run.history, rows):
+    assert a["group_ids"] == b["group_ids"]
+    assert (a["reward_mean"], a["loss"]) == (b["reward_mean"], b["loss"])
+  want = jax.tree_util.tree_leaves_with_path(jax.device_get(undisturbed.run.state.params))
+  got = jax.tree.leaves(jax.device_get(resumed.run.state.params))
+  assert len(want) == len(got)
+  for (path, a), b in zip(want, got):
+    np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
 
 
 def test_user_env_from_the_env_flag():

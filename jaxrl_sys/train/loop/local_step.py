@@ -3,6 +3,7 @@
 `LocalStep.train_step` collects complete groups (oldest first; async mode leaves room for an
 overdue group, see `ready`), scores them, packs them into micro-batches and accumulates their
 gradients; with dynamic micro-batching a micro-batch starts as soon as m_b groups are complete.
+The groups at hand go into micro-batches in group id order, whatever order they completed in.
 A step of one micro-batch runs as one program (`TrainFns.fused_step`). A run over several
 processes uses `process_group.ProcessGroup` instead, with the same interface (`claim`,
 `train_step`), so the loop has one step whatever the layout.
@@ -73,6 +74,7 @@ class LocalStep:
     fns, samples = self.fns, self.plan.samples_per_group
     t_roll = t_train = 0.0
     taken: list[Group] = []
+    trained: list[Group] = []  # taken, in the order of the micro-batches' rows
     acc = None
     scored: list = []
     pending: list[Group] = []
@@ -86,12 +88,18 @@ class LocalStep:
       for g in got:
         taken.append(buffer.pop(g.group_id))
         pending.append(taken[-1])
+      # In group id order, not the order the groups happened to complete in: the rows of a
+      # micro-batch (and with them the float sums of its gradient and metrics) are the same
+      # whatever the rollout's timing, so a step that trains all its groups in one micro-batch
+      # (or waits for all of them: dynamic_micro_batching=False) repeats bit for bit.
+      pending.sort(key=lambda g: g.group_id)
       # Dynamic micro-batching: a micro-batch starts as soon as m_b groups are complete.
       n = len(pending) if len(taken) == b else (
           len(pending) // m * m if self.plan.loop.dynamic_micro_batching else 0)
       if n:
         t0 = self.clock.now()
         layout = batch_lib.micro_batches(n, m, fns.min_groups(samples))
+        trained += pending[:n]
         batches = self._micro_batches(pending[:n], layout, scored)
         pending = pending[n:]
         if acc is None and len(layout) == 1 and len(taken) == b:
@@ -99,7 +107,7 @@ class LocalStep:
           state, metrics = fns.fused_step(state, next(batches))
           metrics = jax.device_get(metrics)
           t_train += self.clock.now() - t0
-          return self._outcome(state, metrics, taken, scored, t_roll, t_train)
+          return self._outcome(state, metrics, trained, scored, t_roll, t_train)
         for mb in batches:  # each packed on the host while the previous one computes
           acc = fns.accumulate(state, fns.init_accum(state, mb) if acc is None else acc, mb)
         t_train += self.clock.now() - t0
@@ -107,7 +115,7 @@ class LocalStep:
     state, metrics = fns.apply(state, acc)
     metrics = jax.device_get(metrics)
     t_train += self.clock.now() - t0
-    return self._outcome(state, metrics, taken, scored, t_roll, t_train)
+    return self._outcome(state, metrics, trained, scored, t_roll, t_train)
 
   def _outcome(self, state, metrics, taken, scored, t_roll, t_train) -> StepOutcome:
     return StepOutcome(state, metrics, taken, step_stats(scored, taken, self.plan.row_length),
