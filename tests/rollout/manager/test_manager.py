@@ -311,7 +311,8 @@ def test_a_request_submitted_while_a_synchronous_worker_decodes_joins_its_next_e
   m = manager([w], clock)
   first = make_requests(8, seed=3, max_new=40)
   m.submit(first)
-  m.round()
+  while not w.generated:  # the weights load, then the requests decode
+    m.round()
   assert m.fleet["local"].assigned  # still decoding
   late = make_requests(2, seed=4, first_id=50)
   m.submit(late)
