@@ -127,6 +127,18 @@ def requests():
   return reqs
 
 
+def drain(driver, reqs) -> tuple[dict, float]:
+  """Submits `reqs` to `driver` and polls until every episode ended: ({request id: finished
+  request}, wall seconds)."""
+  t0 = time.perf_counter()
+  driver.submit(reqs)
+  out = {}
+  while driver.num_pending():
+    for c in driver.poll(min_count=1, timeout=5.0):
+      out[c.request_id] = c.request
+  return out, time.perf_counter() - t0
+
+
 def run_episodes(params, kind: str, barrier: bool) -> dict:
   client, timer = session(CFG, params, engine_config())
   driver = EpisodeDriver(client, lambda: ToolLatencyEnv(kind), EpisodeTask(), PlainFormat(TOK),
@@ -134,13 +146,7 @@ def run_episodes(params, kind: str, barrier: bool) -> dict:
                                      turn_barrier=barrier, prefetch=False, env_workers=64,
                                      check_template=False))
   reqs = requests()
-  t0 = time.perf_counter()
-  driver.submit(reqs)
-  out = {}
-  while driver.num_pending():
-    for c in driver.poll(min_count=1, timeout=5.0):
-      out[c.request_id] = c.request
-  wall = time.perf_counter() - t0
+  out, wall = drain(driver, reqs)
   driver.close()
   tool = {r.request_id: sum(latency(kind, r.request_id, t) for t in range(TURNS - 1))
           for r in reqs}
@@ -191,13 +197,7 @@ def prefetch(quick: bool) -> list[dict]:
                            AgentConfig(max_turns=3, prefetch=bool(on), tool_workers=64,
                                        check_template=False))
     reqs = group_requests(TASK, TOK, range(16), 4, seed=2, max_new_tokens=64, max_prompt_len=16)
-    t0 = time.perf_counter()
-    driver.submit(reqs)
-    out = {}
-    while driver.num_pending():
-      for c in driver.poll(min_count=1, timeout=5.0):
-        out[c.request_id] = c.request
-    wall = time.perf_counter() - t0
+    out, wall = drain(driver, reqs)
     m = driver.metrics()
     driver.close()
     if on is None:

@@ -16,17 +16,8 @@ import numpy as np
 def markov_corpus(vocab: int, batch: int, seq: int, steps: int, seed: int) -> np.ndarray:
   """`[steps, batch, seq]` tokens of a first-order Markov chain with Zipf(1.2) transitions
   (skewed token statistics push a router towards a few experts)."""
-  rng = np.random.default_rng(seed)
-  ranks = np.arange(1, vocab + 1, dtype=np.float64) ** -1.2
-  cum = np.stack([rng.permutation(ranks) for _ in range(vocab)])
-  cum = (cum / cum.sum(1, keepdims=True)).cumsum(1)
-  out = np.zeros((steps, batch, seq), np.int32)
-  state = rng.integers(0, vocab, (steps, batch))
-  u = rng.random((steps, batch, seq))
-  for t in range(seq):
-    out[:, :, t] = state
-    state = np.minimum((cum[state] < u[:, :, t, None]).sum(-1), vocab - 1)
-  return out
+  from benchmarks.moe_balance import corpus  # pylint: disable=import-outside-toplevel
+  return corpus(vocab, batch, seq, steps, seed)
 
 
 def run_moe(balancing: str, seed: int, steps: int, batch: tuple = (16, 65),
@@ -65,28 +56,10 @@ _MOE_STEPS: dict = {}
 
 def _moe_step(cfg, lr: float):
   """(jitted pre-training step, its AdamW) of `cfg` (one per method, reused across seeds)."""
-  # pylint: disable=import-outside-toplevel
-  import jax
-  import optax
-
-  from jaxrl_sys import models
-  from jaxrl_sys.models.moe import block as moe
+  from benchmarks.moe_balance import pretrain_step  # pylint: disable=import-outside-toplevel
   if (cfg, lr) in _MOE_STEPS:
     return _MOE_STEPS[cfg, lr]
-  tx = optax.adamw(lr)
-
-  def loss_fn(p, st, toks):
-    out = models.forward(p, cfg, toks[:, :-1], moe_state=st)
-    logits = models.logits_from_hidden(p, cfg, out.hidden)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, toks[:, 1:]).mean()
-    return ce + moe.moe_aux_loss(out.aux), (ce, out.aux)
-
-  @jax.jit
-  def step(p, o, st, toks):
-    (_, (ce, aux)), g = jax.value_and_grad(loss_fn, has_aux=True)(p, st, toks)
-    upd, o = tx.update(g, o, p)
-    return optax.apply_updates(p, upd), o, moe.update_moe_state(st, aux, cfg), ce, aux["load"]
-
+  step, tx = pretrain_step(cfg, lr)
   _MOE_STEPS[cfg, lr] = step, tx
   return step, tx
 

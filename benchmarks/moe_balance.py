@@ -51,12 +51,11 @@ def config_for(method: str, experts: int = 16) -> models.ModelConfig:
                            bip_iterations=4))
 
 
-def train(method: str, data: np.ndarray, lr: float = 3e-3):
-  cfg = config_for(method)
-  params = models.init_params(cfg, jax.random.PRNGKey(0))
-  state = moe.init_moe_state(cfg)
+def pretrain_step(cfg: models.ModelConfig, lr: float):
+  """(jitted language-model pre-training step, its AdamW) of the MoE `cfg`: next-token
+  cross-entropy plus the balancing method's auxiliary loss; the step returns (params, opt
+  state, MoE state, cross-entropy, per-layer expert load)."""
   tx = optax.adamw(lr)
-  opt = tx.init(params)
 
   def loss_fn(p, st, toks):
     out = models.forward(p, cfg, toks[:, :-1], moe_state=st)
@@ -69,6 +68,16 @@ def train(method: str, data: np.ndarray, lr: float = 3e-3):
     (_, (ce, aux)), g = jax.value_and_grad(loss_fn, has_aux=True)(p, st, toks)
     upd, o = tx.update(g, o, p)
     return optax.apply_updates(p, upd), o, moe.update_moe_state(st, aux, cfg), ce, aux["load"]
+
+  return step, tx
+
+
+def train(method: str, data: np.ndarray, lr: float = 3e-3):
+  cfg = config_for(method)
+  params = models.init_params(cfg, jax.random.PRNGKey(0))
+  state = moe.init_moe_state(cfg)
+  step, tx = pretrain_step(cfg, lr)
+  opt = tx.init(params)
 
   vio, losses = [], []
   t0 = time.perf_counter()

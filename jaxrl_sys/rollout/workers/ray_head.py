@@ -73,11 +73,19 @@ def start_head(*, num_cpus: int, object_store_memory: int, timeout: float = 60.0
   # Its output goes to a file (a pipe nobody reads could fill and block it). No token
   # authentication (`ray start` turns it on; `ray.init()`'s local instance has none): the
   # driver in this process connects as to the instance `ray.init()` would have started.
+  # The head is ours alone: a RAY_ADDRESS inherited from a parent that runs its own Ray (a
+  # notebook, a test harness) must not reach its raylet and workers, whose actors would then
+  # register with that other cluster and be cancelled.
+  # Its authentication is the driver's: none, unless this process inherited RAY_AUTH_MODE (a
+  # parent that ran `ray.init()` exports RAY_AUTH_MODE=token to its children; Ray reads it when
+  # it is imported, and a driver in token mode has every actor creation on a head without
+  # authentication cancelled).
+  env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+  env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"))
   log = tempfile.TemporaryFile()  # pylint: disable=consider-using-with
   proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, str(os.getpid()), *cmd],
                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                          start_new_session=True, env=dict(
-                              os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled"))
+                          start_new_session=True, env=env)
   _HEAD.update(proc=proc, address=f"127.0.0.1:{port}", log=log, temp_dir=temp_dir)
   atexit.register(_disconnect_and_stop)
   deadline = time.monotonic() + timeout

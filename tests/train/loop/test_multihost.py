@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.ports import coordinator_port
 from tests.docs.commands import REPO, module_args
 from tests.experiments.cli_runner import run_grpo
 
@@ -38,9 +38,7 @@ TIMEOUT = 10.0  # --distributed_timeout of the killed run
 
 
 def _port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+  return coordinator_port()  # p and p + 1 (the side channel) free
 
 
 def _env(devices: int) -> dict:

@@ -8,14 +8,13 @@ import time
 import pytest
 
 from jaxrl_sys.train.multihost.rendezvous import JoinError, Rendezvous
+from tests.ports import coordinator_port
 
 SETTINGS = {"optim.learning_rate": 0.001, "loop.seed": 0, "resume": False}
 
 
 def _port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+  return coordinator_port()  # p and p + 1 (the side channel) free
 
 
 def _job(settings, timeout=5.0):
