@@ -45,6 +45,9 @@ from jaxrl_sys.tasks.tools.executor import ToolExecutor
 log = logging.getLogger(__name__)
 
 TOOL_STATUSES = ("ok", "malformed", "unclosed", "unknown", "error", "timeout", "killed")
+# Before the engines' next step, env steps that keep finishing within QUICK_S of each other are
+# waited for (QUICK_CAP_S at most): their next turns join that step (`_gather_quick`).
+QUICK_S, QUICK_CAP_S = 0.001, 0.005
 
 
 class EpisodeDriver:
@@ -118,11 +121,13 @@ class EpisodeDriver:
         wait = 0.002 if self._env else (0.01 if self.prefetcher is not None else left)
         started = [self._on_turn(c) for c in self.session.poll(min_count=1,
                                                                timeout=min(wait, left))]
-        if any(started):  # a quick env step's next turn joins the engines' very next step
-          cf.wait([self._env[e][0] for e in started if e in self._env], timeout=0.001)
+        if any(started):  # quick env steps' next turns join the engines' very next step
+          self._gather_quick([self._env[e][0] for e in started if e in self._env])
       elif self._env:
-        cf.wait([f for f, _ in self._env.values()], timeout=left,
-                return_when=cf.FIRST_COMPLETED)
+        done, _ = cf.wait([f for f, _ in self._env.values()], timeout=left,
+                          return_when=cf.FIRST_COMPLETED)
+        if done:  # the others of a burst of env steps start their turns with these
+          self._gather_quick([f for f, _ in self._env.values()])
     out, self._done = self._done, []
     return out
 
@@ -213,6 +218,22 @@ class EpisodeDriver:
     return getattr(self.session, name)  # worker_times, loads, ... of the session
 
   # ----- env steps -------------------------------------------------------------------------------
+  def _gather_quick(self, futures: list[cf.Future]) -> None:
+    """Waits while the env steps `futures` keep finishing (each `QUICK_S` seconds bring one
+    more; `QUICK_CAP_S` in all): a burst of quick steps (instant tools, or tools started together)
+    then starts its next turns in the same engine step instead of trickling in a step apart.
+    A slow step costs the wait of one empty window."""
+    pending = [f for f in futures if not f.done()]
+    end = time.monotonic() + QUICK_CAP_S
+    while pending:
+      left = end - time.monotonic()
+      if left <= 0:
+        return
+      done, rest = cf.wait(pending, timeout=min(QUICK_S, left))
+      if not done:
+        return
+      pending = list(rest)
+
   def _run_env(self, ep: Episode, kind: str, fn: Callable[[], Any]) -> None:
     ep.phase = "env"
     self._env[ep.episode_id] = (self._pool.submit(fn), kind)

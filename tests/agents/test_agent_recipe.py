@@ -7,6 +7,7 @@ bit."""
 import json
 import os
 import signal
+import threading
 
 import jax
 import numpy as np
@@ -42,11 +43,30 @@ def test_held_out_episode_success_rises(tmp_path):
 
 
 class Recorder:
-  """The loop's episode driver, recording every finished episode; `stop_at_abort` sends this
-  process SIGTERM at the first step boundary that aborts episodes in flight."""
+  """The loop's episode driver, recording every finished episode. With `stop`, the first env
+  step that returns a tool result (the episode has turns to go) sends this process SIGTERM and
+  holds that episode there until the run closes its rollout: the checkpoint the loop saves
+  when it stops finds it in flight, between turns (its env step to be run again)."""
 
-  def __init__(self, inner, seen, stop_at_abort=False):
-    self.inner, self.seen, self.stop_at_abort = inner, seen, stop_at_abort
+  def __init__(self, inner, seen, stop=False):
+    self.inner, self.seen, self.armed = inner, seen, stop
+    self.gate = threading.Event()
+    if stop:
+      make = inner.env_factory
+      inner.env_factory = lambda: self._watch(make())
+
+  def _watch(self, env):
+    step = env.step
+
+    def watched(action):
+      out = step(action)
+      if not out.done and self.armed:
+        self.armed = False
+        os.kill(os.getpid(), signal.SIGTERM)  # what a preemption sends; the loop's handler
+        self.gate.wait(120)  # bounded: a loop that never aborts fails the test, not hangs
+      return out
+    env.step = watched
+    return env
 
   def poll(self, *args, **kwargs):
     out = self.inner.poll(*args, **kwargs)
@@ -54,12 +74,9 @@ class Recorder:
       self.seen[c.request_id] = c.request
     return out
 
-  def abort(self, request_ids=None):
-    out = self.inner.abort(request_ids)
-    if self.stop_at_abort and any(len(r.tokens) for r in out):
-      self.stop_at_abort = False
-      os.kill(os.getpid(), signal.SIGTERM)  # what a preemption sends; the loop's handler
-    return out
+  def close(self):
+    self.gate.set()  # the held env step returns (the driver waits for its env threads)
+    self.inner.close()
 
   def __getattr__(self, name):
     return getattr(self.inner, name)
@@ -69,11 +86,12 @@ def _run(monkeypatch, out_dir, seen, stop=False, resume=False):
   build = run_lib.rollout_session
   monkeypatch.setattr(run_lib, "rollout_session",
                       lambda recipe, **kw: Recorder(build(recipe, **kw), seen, stop))
-  # 8 groups per step and 8 over-provisioned ones (APRIL): episodes are in flight at every
-  # step boundary; a negligible learning rate, so the weights (and with them every episode's
-  # tokens) do not depend on which groups a step happened to train.
-  rc = quick(**TASK, prompts_per_step=8, micro_batch_groups=8, oversample=2.0, sft_steps=20,
-             steps=3, learning_rate=1e-9, out_dir=out_dir)
+  # Async mode, 8 groups per step: the next step's groups are in flight at every step
+  # boundary and the checkpoint saves them as they stand (`snapshot`); a negligible learning
+  # rate, so the weights (and with them every episode's tokens) do not depend on which groups
+  # a step happened to train.
+  rc = quick(**TASK, prompts_per_step=8, micro_batch_groups=8, mode="async", max_staleness=1,
+             sft_steps=20, steps=3, learning_rate=1e-9, out_dir=out_dir)
   result = recipe_lib.run_recipe(recipe_lib.build_recipe(rc), resume=resume)
   monkeypatch.setattr(run_lib, "rollout_session", build)
   return result

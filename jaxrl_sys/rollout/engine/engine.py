@@ -372,25 +372,32 @@ class Engine:
       self.device.copy(copies)
 
   def _pack(self) -> None:
-    """Moves live requests down into free low slots when that shrinks the decode rows bucket."""
+    """Moves live requests down into free low slots when that shrinks the decode rows bucket.
+    A hole holding an episode's sequence (`extend_prefixes`) swaps with the mover: its rows go
+    up to the mover's old slot in the same copy call, so packing never costs a next turn its
+    prefix."""
     live = np.flatnonzero(self._live)
     target = pick(len(live), self.config.decode_row_buckets)
     if pick(int(live[-1]) + 1, self.config.decode_row_buckets) <= target:
       return
     holes = [s for s in self._free_order() if s < target]
     movers = [int(s) for s in live if s >= target]
-    moves = [(a, d, int(self._written[a])) for a, d in zip(movers, holes)]
+    pairs = list(zip(movers, holes))
+    moves = [(a, d, int(self._written[a])) for a, d in pairs]
+    moves += [(d, a, len(self._held[d]) // 4) for a, d in pairs if self._held[d] is not None]
     self.device.copy(moves)
-    for a, d, _ in moves:
+    for a, d in pairs:
+      held, held_at, prefix = self._held[d], self._held_at[d], self._prefix[d]
       for arr in (self._pending, self._keys, self._index, self._budget, self._written):
         arr[d] = arr[a]
       self._req[d], self._prefix[d], self._live[d] = self._req[a], self._prefix[a], True
       self._held[d] = None
       if self._routes is not None:
-        self._routes.moved(a, d)
-      self._req[a] = None  # moved, not finished: its rows are no longer an episode's context
-      self._release(a)
-    self.stats.moved_rows += len(moves)
+        self._routes.moved(a, d, swap=held is not None)
+      self._req[a], self._live[a] = None, False  # moved, not finished: not an episode's context
+      if held is not None:  # the hole's sequence now lives in the mover's old rows
+        self._held[a], self._held_at[a], self._prefix[a] = held, held_at, prefix
+    self.stats.moved_rows += len(pairs)
 
   def step(self) -> list[TokenChunk]:
     """Admits waiting requests, runs up to `stream_every` decode steps, and returns one chunk

@@ -137,10 +137,14 @@ class SlotRoutes:
         r.routes = self.prefix[s]
     self._pending, self.prefills = [], []
 
-  def moved(self, src: int, dst: int) -> None:
-    """A live request moved from slot `src` to `dst` (both hold its prefix rows now)."""
+  def moved(self, src: int, dst: int, swap: bool = False) -> None:
+    """A live request moved from slot `src` to `dst` (both hold its prefix rows now; with
+    `swap`, `src` holds `dst`'s former held sequence instead)."""
+    held, prefix = self.held[dst], self.prefix[dst]
     self.prefix[dst], self.emitted[dst] = self.prefix[src], self.emitted[src]
     self.held[dst] = None
+    if swap:
+      self.held[src], self.prefix[src] = held, prefix
     self._pending += [(dst, x) for s, x in self._pending if s == src]   # not resolved yet
 
   def new_routes(self, slot: int, r: Request) -> np.ndarray:

@@ -286,6 +286,16 @@ class ManagerCore:
       changed |= self._balance(now)
     return changed
 
+  def dispatch_due(self, now: float) -> bool:
+    """Dispatches the queued requests now when a synchronous worker's exchange is due: that
+    exchange runs an engine step at once (inside `receive`), so a request queued since the last
+    tick (an episode's next turn, submitted while other requests decode) would otherwise miss
+    it and wait a whole step. Asynchronous workers take their commands at their next exchange,
+    which starts after the tick anyway. Returns whether a request was dispatched."""
+    if not self._reqs.queue or not self._table.exchange_due():
+      return False
+    return self._dispatch(now)
+
   # ----- aborts ----------------------------------------------------------------------------------
   def begin_abort(self, request_ids: Iterable[int] | None,
                   now: float) -> tuple[list[int], list[Request]]:

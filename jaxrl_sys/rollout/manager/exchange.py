@@ -289,11 +289,13 @@ class RolloutManager:
     self._store.close()
 
   def round(self) -> bool:
-    """One exchange round: send each idle worker its queued commands, take ready reports, then
+    """One exchange round: send each idle worker its queued commands (with the requests queued
+    since the last tick, when a synchronous worker's exchange is due), take ready reports, then
     tick. Returns True when something happened (a report with news, a loss)."""
     core, clock = self._core, self._clock
-    progressed = False
     self._apply()  # effects of events fed to the core directly
+    # Requests queued since the last tick join a synchronous worker's exchange (its step).
+    progressed = core.dispatch_due(clock.now())
     for wid, commands in core.outbox():
       self._handles[wid].send(commands)
       core.on_sent(wid, clock.now())

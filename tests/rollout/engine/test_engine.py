@@ -149,3 +149,28 @@ def test_tail_runs_on_a_smaller_packed_decode_batch():
   assert_matches(done, reference(reqs, SAMPLED))
   st = eng.stats
   assert st.moved_rows == 1 and st.decode_row_steps < 3 * st.decode_steps
+
+
+def test_packing_keeps_the_held_prefixes_of_next_turns():
+  """`extend_prefixes`: two short first turns finish and their slots (0, 1) hold their
+  sequences; packing the long one down to the 2-row bucket swaps it with a held slot instead of
+  overwriting it, so both next turns extend their kept rows (no prefill) and every output
+  equals the plain sampler on the whole sequence."""
+  reqs = make_requests(3, seed=14)
+  reqs = [dataclasses.replace(r, max_new_tokens=n) for r, n in zip(reqs, (2, 2, 12))]
+  eng = Engine(CFG, params(), engine_config(extend_prefixes=True))
+  eng.submit(reqs)
+  done = []
+  while len(done) < 2:
+    eng.step()
+    done += eng.take_completions()
+  eng.step()  # the long request is packed down into a held slot
+  assert eng.stats.moved_rows == 1
+  prefills = eng.stats.prefill_calls
+  nxt = [Request(10 + c.request_id, np.concatenate([c.request.prompt, c.request.tokens, [5, 6]]),
+                 4, request_key(3, 10 + c.request_id)) for c in done]
+  eng.submit(nxt)
+  done += eng.run()
+  assert eng.stats.prefill_calls == prefills and eng.stats.extend_calls > 0
+  assert eng.stats.reused_tokens == sum(len(r.prompt) - 3 for r in nxt)
+  assert_matches(done, reference(reqs + nxt, SAMPLED))

@@ -303,6 +303,25 @@ def test_a_synchronous_worker_is_never_waited_for():
   assert clock.now() == 0.0
 
 
+def test_a_request_submitted_while_a_synchronous_worker_decodes_joins_its_next_exchange():
+  # An episode's next turn arrives while other requests decode: the very next round's exchange
+  # (an in-process engine step, run inside `receive`) serves it, not the one after the tick.
+  clock = ManualClock()
+  w = _SyncWorker("local", clock, num_slots=16, latency=0.0)
+  m = manager([w], clock)
+  first = make_requests(8, seed=3, max_new=40)
+  m.submit(first)
+  while not w.generated:  # the weights load, then the requests decode
+    m.round()
+  assert m.fleet["local"].assigned  # still decoding
+  late = make_requests(2, seed=4, first_id=50)
+  m.submit(late)
+  m.round()
+  served = {rid for rid, index, _ in w.versions_served if index == 0}
+  assert {50, 51} <= served
+  check_complete(drain(m), first + late)
+
+
 @pytest.mark.parametrize("sticky", [True, False])
 def test_a_sessions_next_request_goes_to_the_worker_that_served_its_last(sticky):
   """Sticky sessions: each session's second request returns to the worker that finished its
