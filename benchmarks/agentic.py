@@ -1,10 +1,10 @@
 """Multi-turn episodes: asynchronous episode driver vs a batch-synchronous turn loop (CPU).
 
 Load: 16 problems x 4 samples = 64 episodes of 4 policy turns (16 tokens each) separated by 3
-tool calls, on one in-process engine (random-weight model: hidden 128, 4 layers, 64 slots, decode chunks of
-4 steps, row buckets 8-64).
-Each tool call sleeps a latency drawn per (episode, turn) from a fixed seed: 0, 50 ms, 1 s, or
-heavy-tailed (log-normal, median 50 ms, sigma 1.5: most calls are quick, a few take seconds).
+tool calls, on one in-process engine (random-weight model: hidden 128, 4 layers; 64 slots,
+decode chunks of 4 steps, row buckets 8-64). Each tool call sleeps a latency drawn per
+(episode, turn) from a fixed seed: 0, 50 ms, 1 s, or heavy-tailed (log-normal, median 50 ms,
+sigma 1.5: most calls are quick, a few take seconds).
 
 Compared on the same engine and the same episodes (identical tokens):
 - async: `agents.EpisodeDriver` (each episode advances on its own: while some wait for tools,
@@ -19,8 +19,9 @@ the async run's fraction of it; and the chain (pure generation plus the longest 
 tool time: what the run takes when each turn decodes with the whole batch, since an episode's
 tool cannot overlap its own turns; beating it needs decode steps with fewer rows to cost
 proportionally less, so that cohorts of episodes could take turns) and the fraction of it.
-Also: the prefix-reuse ratio of next turns with sticky sessions vs without (two engines behind the rollout manager), and lossless prefetch on the search task
-(a model warmed up on expert episodes, 200 ms per search): hit rate and tool time saved.
+Also: the prefix-reuse ratio of next turns with sticky sessions vs without (two engines behind
+the rollout manager), and lossless prefetch on the search task (a model warmed up on expert
+episodes, 200 ms per search): hit rate and tool time saved.
 
 Run: `python -m benchmarks.agentic [--quick]`; writes benchmarks/results/agentic.json.
 """
