@@ -21,7 +21,10 @@ tool cannot overlap its own turns; beating it needs decode steps with fewer rows
 proportionally less, so that cohorts of episodes could take turns) and the fraction of it.
 Also: the prefix-reuse ratio of next turns with sticky sessions vs without (two engines behind
 the rollout manager), and lossless prefetch on the search task (a model warmed up on expert
-episodes, 200 ms per search): hit rate and tool time saved.
+episodes, 200 ms per search; off and on in turn, median wall of 3 runs each): hit rate and tool
+time saved.
+
+Each configuration runs 3 times (async and barrier in turn); the table holds the medians.
 
 Run: `python -m benchmarks.agentic [--quick]`; writes benchmarks/results/agentic.json.
 """
@@ -195,8 +198,9 @@ def prefetch(quick: bool) -> list[dict]:
   params = models.init_params(mc, jax.random.PRNGKey(0))
   params = supervised_warmup(params, mc, TASK, TOK, steps=60 if quick else 200, batch_size=32,
                              learning_rate=3e-3, seq_len=80)
-  rows = []
-  for on in (None, False, True):  # None: a first pass that compiles, not reported
+  runs: dict[bool, list[dict]] = {False: [], True: []}
+  # None: a first pass that compiles, not reported; then off and on in turn, 3 runs each
+  for on in (None,) + (False, True) * 3:
     ec = EngineConfig(num_slots=64, max_len=80, prefill_buckets=(80,), prefill_batch_buckets=(8,),
                       decode_row_buckets=(64,), decode_len_buckets=(80,), stream_every=4,
                       extend_prefixes=True,
@@ -209,40 +213,49 @@ def prefetch(quick: bool) -> list[dict]:
     out, wall = drain(driver, reqs)
     m = driver.metrics()
     driver.close()
-    if on is None:
-      continue
-    rows.append({"prefetch": on, "episodes_per_s": len(out) / wall, "wall_s": wall,
+    if on is not None:
+      runs[on].append({"wall": wall, "out": out, "m": m})
+  rows = []
+  for on, rs in runs.items():
+    m, out = rs[-1]["m"], rs[-1]["out"]
+    wall = float(np.median([r["wall"] for r in rs]))
+    rows.append({"prefetch": on, "episodes_per_s": len(out) / wall, "wall_s_median_of_3": wall,
                  "success": float(np.mean([r.meta["episode"]["success"] for r in out.values()])),
                  "hits": m.get("agent_prefetch_hits", 0.0),
                  "hit_rate": m.get("agent_prefetch_hits", 0.0) / max(
                      m.get("agent_prefetch_started", 0.0), 1.0),
                  "tool_s_saved": m.get("agent_prefetch_seconds_saved", 0.0),
-                 "tokens": {k: r.tokens.tolist() for k, r in out.items()}})
-  same = rows[0]["tokens"] == rows[1]["tokens"]
-  for r in rows:
-    r["identical_tokens"] = same
-    del r["tokens"]
+                 "identical_tokens": all(
+                     {k: c.tokens.tolist() for k, c in r["out"].items()}
+                     == {k: c.tokens.tolist() for k, c in runs[False][0]["out"].items()}
+                     for r in runs[False] + runs[True])})
   return rows
 
 
 def main():
   ap = argparse.ArgumentParser()
-  ap.add_argument("--quick", action="store_true", help="latencies 0 and heavy-tailed only")
+  ap.add_argument("--quick", action="store_true",
+                  help="latencies 0 and heavy-tailed only, one run each (default: medians of 3)")
   args = ap.parse_args()
   params = models.init_params(CFG, jax.random.PRNGKey(0))
   Engine(CFG, params, engine_config()).warmup()  # compiles every program first
   run_episodes(params, "0", False)
   kinds = ["0", "heavy"] if args.quick else ["0", "50ms", "1s", "heavy"]
   rows, gen = [], None
+  repeats = 1 if args.quick else 3
   for kind in kinds:
-    res = {b: run_episodes(params, kind, b) for b in (False, True)}
+    res = {}
+    for b in (False, True) * repeats:  # async and barrier in turn; medians of the repeats
+      res.setdefault(b, []).append(run_episodes(params, kind, b))
+    for runs in res.values():
+      for r in runs:
+        assert r["out"].keys() == res[False][0]["out"].keys()
+        for e, x in r["out"].items():
+          assert (x.tokens == res[False][0]["out"][e].tokens).all(), "episodes differ"
+    a, s = ({k: float(np.median([r[k] for r in res[b]])) for k in ("wall", "busy", "max_tool")}
+            for b in (False, True))
     if kind == "0":  # pure generation: the faster of the two with instant tools
-      gen = min(res[False]["wall"], res[True]["wall"])
-    for b in (False, True):
-      assert res[b]["out"].keys() == res[False]["out"].keys()
-      for e, r in res[b]["out"].items():
-        assert (r.tokens == res[False]["out"][e].tokens).all(), "episodes differ"
-    a, s = res[False], res[True]
+      gen = min(a["wall"], s["wall"])
     bound = max(gen, a["max_tool"])
     rows.append({"tool_latency": kind, "async_ep_per_s": 64 / a["wall"],
                  "barrier_ep_per_s": 64 / s["wall"], "speedup": s["wall"] / a["wall"],
