@@ -251,8 +251,9 @@ def build_recipe(rc: RunConfig | RecipeConfig, *, task: Any = None) -> Recipe:
   if env_factory is not None:
     fmt = turn_format(model.tokenizer)
     # Episodes: turns stop on the template's end-of-turn ids; an episode's next turn extends
-    # the KV its previous turn left in its engine (sticky sessions).
-    engine = dict(extend_prefixes=True,
+    # the KV its previous turn left in its engine (sticky sessions); decode chunks of at most 4
+    # steps, so an episode back from its tool joins the engine sooner (docs/agents.md).
+    engine = dict(extend_prefixes=True, stream_every=min(4, plan.engine.stream_every),
                   sampling=dataclasses.replace(plan.engine.sampling, stop_tokens=fmt.stop_ids))
     plan = dataclasses.replace(plan, engine=dataclasses.replace(plan.engine, **engine),
                                eval_engine=dataclasses.replace(plan.eval_engine, **engine))
