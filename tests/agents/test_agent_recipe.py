@@ -42,6 +42,25 @@ def test_held_out_episode_success_rises(tmp_path):
   assert os.path.exists(tmp_path / "run" / "agent.png")
 
 
+def after_tool_results(driver, hook):
+  """Wraps the episode driver's env factory: `hook()` runs on the env thread after every env
+  step that returns a tool result (the episode has turns to go)."""
+  make = driver.env_factory
+
+  def watched_env():
+    env = make()
+    step = env.step
+
+    def watched(action):
+      out = step(action)
+      if not out.done:
+        hook()
+      return out
+    env.step = watched
+    return env
+  driver.env_factory = watched_env
+
+
 class Recorder:
   """The loop's episode driver, recording every finished episode. With `stop`, the first env
   step that returns a tool result (the episode has turns to go) sends this process SIGTERM and
@@ -50,23 +69,15 @@ class Recorder:
 
   def __init__(self, inner, seen, stop=False):
     self.inner, self.seen, self.armed = inner, seen, stop
-    self.gate = threading.Event()
+    self.gate, self.once = threading.Event(), threading.Lock()
     if stop:
-      make = inner.env_factory
-      inner.env_factory = lambda: self._watch(make())
+      after_tool_results(inner, self._stop)
 
-  def _watch(self, env):
-    step = env.step
-
-    def watched(action):
-      out = step(action)
-      if not out.done and self.armed:
-        self.armed = False
-        os.kill(os.getpid(), signal.SIGTERM)  # what a preemption sends; the loop's handler
-        self.gate.wait(120)  # bounded: a loop that never aborts fails the test, not hangs
-      return out
-    env.step = watched
-    return env
+  def _stop(self):
+    if self.armed and self.once.acquire(blocking=False):  # env threads race here
+      self.armed = False
+      os.kill(os.getpid(), signal.SIGTERM)  # what a preemption sends; the loop's handler
+      self.gate.wait(120)  # bounded: a loop that never aborts fails the test, not hangs
 
   def poll(self, *args, **kwargs):
     out = self.inner.poll(*args, **kwargs)
@@ -137,20 +148,12 @@ class StopMidEpisode:
 
   def __init__(self, driver, version):
     self.driver, self.version, self.published = driver, version, None
-    make = driver.env_factory
-    driver.env_factory = lambda: self._watch(make())
+    after_tool_results(driver, self._stop)
 
-  def _watch(self, env):
-    step = env.step
-
-    def watched(action):
-      out = step(action)
-      if not out.done and self.published == self.version:
-        self.version = None  # once
-        os.kill(os.getpid(), signal.SIGTERM)
-      return out
-    env.step = watched
-    return env
+  def _stop(self):
+    if self.published == self.version:
+      self.version = None  # once
+      os.kill(os.getpid(), signal.SIGTERM)
 
   def publish(self, params, version, moe_state=None):
     self.published = version
