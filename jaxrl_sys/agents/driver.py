@@ -2,7 +2,7 @@
 
 The driver is a rollout client towards the training loop (`submit` the loop's requests, one per
 episode; `poll` finished episodes; `abort`; `snapshot`; `publish`) and a client of a rollout
-session towards the engines (the `RolloutManager` over in-process, thread or Ray workers, or an
+session towards the engines (the `RolloutManager` over in-process, thread or Ray workers, or
 its default embedded form). An episode alternates:
 
   generate turn t   the turn's request (prompt = episode prompt + every token so far) is
@@ -47,6 +47,7 @@ from jaxrl_sys.tasks.tools.executor import ToolExecutor
 
 log = logging.getLogger(__name__)
 
+# The statuses of a tool call (`ToolResult.status`), each counted as metric `agent_tool_<status>`.
 TOOL_STATUSES = ("ok", "malformed", "unclosed", "unknown", "error", "timeout", "killed")
 
 
