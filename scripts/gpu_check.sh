@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # One call on a lent GPU (issue 45): the benchmark table (`benchmarks.gpu`, a process per section),
-# the decode and train-step profiles (kernels per step, copy share), the feature rows (decode with
-# unmerged LoRA adapters vs the plain model, MoE decode with route capture on vs off, the agentic
-# episodes' idle fraction: `benchmarks.gpu_features`) and the portable suite
-# (`scripts/gpu_suite.sh`), inside GPU_CHECK_BUDGET_S seconds in all (default 270: a second run
+# the decode and train-step profiles (kernels per step, copy share), the portable suite
+# (`scripts/gpu_suite.sh`) and the feature rows (decode with unmerged LoRA adapters vs the plain
+# model, MoE decode with route capture on vs off, the agentic episodes' idle fraction:
+# `benchmarks.gpu_features`), inside GPU_CHECK_BUDGET_S seconds in all (default 270: a second run
 # after a fix fits in ~9 minutes), then a compact summary with issue 45's targets met or not.
 #
-#   bash scripts/gpu_check.sh                        # decode train kernels features suite
+#   bash scripts/gpu_check.sh                        # decode train kernels suite features
 #   STAGES="decode train" bash scripts/gpu_check.sh  # some stages only
 #   GPU_CHECK_ARGS=--quick PYTHON=.venv/bin/python STAGES="decode train" bash scripts/gpu_check.sh
 #                                                    # (tiny shapes: a smoke run on a CPU)
 #
 # Each stage may use what the budget leaves after keeping RESERVE seconds for the stages after
 # it; a stage that runs out is interrupted (SIGINT: pytest still prints its counts) and the next
-# one starts. The suite comes last and gets what is left: on an H100 with a cold compile cache
-# (estimated from the 2026-11-28 run, ~10 s per 0.5B decode compile) decode takes ~65 s, train
-# ~80, kernels ~65 and features ~60-90 (~40 once the cache is warm), so little is left for it;
-# `STAGES=suite bash scripts/gpu_check.sh` runs it in full in a second call.
+# one starts. The feature rows come last and get what is left: on an H100 with a cold compile
+# cache (estimated from the 2026-11-28 run, ~10 s per 0.5B decode compile) decode takes ~65 s,
+# train ~80, kernels ~65 and the suite ~60, so features (~60-90 s cold, ~40 warm) may be cut
+# (the rows measured so far are kept); `STAGES=features bash scripts/gpu_check.sh` runs them in
+# full in a second call.
 # JSON: benchmarks/results/gpu_<device>_jax<version>_<UTC stamp>_<section>.json, copied
 # with the log and the summary to $OUT when it is set. A rerun on the same (warm) machine reuses
 # the compiled programs (JAX_COMPILATION_CACHE_DIR), so it recompiles only what changed.
@@ -24,8 +25,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 BUDGET=${GPU_CHECK_BUDGET_S:-270}
-read -r -a stages <<<"${STAGES:-decode train kernels features suite}"
-declare -A RESERVE=([decode]=60 [train]=80 [kernels]=50 [features]=60 [suite]=0)
+read -r -a stages <<<"${STAGES:-decode train kernels suite features}"
+declare -A RESERVE=([decode]=60 [train]=80 [kernels]=50 [suite]=60 [features]=0)
 export PYTHONUNBUFFERED=1
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jaxrl_gpu_jax_cache}
 stamp=$(date -u +%Y%m%d_%H%M%S)
