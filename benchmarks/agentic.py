@@ -151,8 +151,10 @@ def drain(driver, reqs) -> tuple[dict, float]:
   return out, time.perf_counter() - t0
 
 
-def run_episodes(params, kind: str, barrier: bool) -> dict:
-  client, timer = session(CFG, params, engine_config())
+def run_episodes(params, kind: str, barrier: bool, model: models.ModelConfig = CFG) -> dict:
+  """The 64 episodes at tool latency `kind` on a fresh session of `model` (default `CFG`):
+  {wall, busy: engine seconds with work, out: finished requests by id, max_tool}."""
+  client, timer = session(model, params, engine_config())
   driver = EpisodeDriver(client, lambda: ToolLatencyEnv(kind), EpisodeTask(), PlainFormat(TOK),
                          AgentConfig(max_turns=TURNS, max_turn_tokens=TURN_TOKENS,
                                      turn_barrier=barrier, prefetch=False, env_workers=64,
@@ -163,6 +165,18 @@ def run_episodes(params, kind: str, barrier: bool) -> dict:
   tool = {r.request_id: sum(latency(kind, r.request_id, t) for t in range(TURNS - 1))
           for r in reqs}
   return {"wall": wall, "busy": timer.busy, "out": out, "max_tool": max(tool.values())}
+
+
+def episode_row(kind: str, a: dict, s: dict, gen: float) -> dict:
+  """The table row of tool latency `kind` from the async (`a`) and barrier (`s`) runs' wall,
+  busy and max_tool (`run_episodes`), `gen` the pure generation seconds (latency 0)."""
+  bound = max(gen, a["max_tool"])
+  return {"tool_latency": kind, "async_ep_per_s": 64 / a["wall"],
+          "barrier_ep_per_s": 64 / s["wall"], "speedup": s["wall"] / a["wall"],
+          "async_idle": 1 - a["busy"] / a["wall"], "barrier_idle": 1 - s["busy"] / s["wall"],
+          "bound_s": bound, "async_s": a["wall"], "barrier_s": s["wall"],
+          "of_bound": bound / a["wall"], "chain_s": gen + a["max_tool"],
+          "of_chain": (gen + a["max_tool"]) / a["wall"]}
 
 
 def prefix_reuse(params) -> dict:
@@ -256,13 +270,7 @@ def main():
             for b in (False, True))
     if kind == "0":  # pure generation: the faster of the two with instant tools
       gen = min(a["wall"], s["wall"])
-    bound = max(gen, a["max_tool"])
-    rows.append({"tool_latency": kind, "async_ep_per_s": 64 / a["wall"],
-                 "barrier_ep_per_s": 64 / s["wall"], "speedup": s["wall"] / a["wall"],
-                 "async_idle": 1 - a["busy"] / a["wall"], "barrier_idle": 1 - s["busy"] / s["wall"],
-                 "bound_s": bound, "async_s": a["wall"], "barrier_s": s["wall"],
-                 "of_bound": bound / a["wall"], "chain_s": gen + a["max_tool"],
-                 "of_chain": (gen + a["max_tool"]) / a["wall"]})
+    rows.append(episode_row(kind, a, s, gen))
   print_table(rows)
   reuse = prefix_reuse(params)
   print_table([reuse])

@@ -1,7 +1,7 @@
 """GPU performance at real model sizes (issue 27): one table, one JSON.
 
     python -m benchmarks.gpu                 # on a GPU: the issue's shapes (minutes)
-    python -m benchmarks.gpu --only kernels  # one section: kernels | decode | train
+    python -m benchmarks.gpu --only kernels  # one section: kernels | decode | train | features
     python -m benchmarks.gpu --quick         # tiny shapes, seconds on CPU (in the test suite)
     python -m benchmarks.gpu --only decode --profile /tmp/trace   # + per-op time of decode
     python -m benchmarks.gpu --only tune     # sweep token_chunk, tile_rows, Pallas gmm tiles
@@ -24,6 +24,11 @@ Two models built from configs with random bf16 weights (no download): a Qwen2.5-
   (`benchmarks.gpu_train`): 8 x 8 x (32+256) as one program, and the issue's 32 x 8 x (32+256)
   in micro-batches of the CLI's default m_b groups, gradients accumulated before one update;
   MFU over the whole batch from `train.metrics_log.train_flops_per_token` over the bf16 peak;
+- features (`benchmarks.gpu_features`): the engine's decode with unmerged LoRA adapters vs the
+  plain model at the first decode shape (tok/s, HBM roofline fraction); the Qwen3-MoE shape's
+  decode step with route capture on vs off (`routing_replay.decode_overhead`); the agentic
+  benchmark's 64 episodes on the 0.5B shape's layers, async driver vs turn barrier at tool
+  latency 0 and heavy-tailed (episodes/s, accelerator idle fraction, overlap bound);
 - memory: compiled temp bytes (`memory_analysis()`) per row and the allocator's peak
   (`memory_stats()["peak_bytes_in_use"]`, GPU only) after each section;
 - `--profile DIR`: a `jax.profiler` trace of the first decode batch and of the one-program train
@@ -46,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.gpu_decode import decode_section
+from benchmarks.gpu_features import features_section
 from benchmarks.gpu_train import train_section
 from benchmarks.common import print_table, write_json
 from jaxrl_sys import backend, kernels
@@ -263,13 +269,16 @@ def tune_section(s: Sizes) -> Iterator[dict]:
 COLUMNS = ("section", "name", "impl", "auto", "shape", "fwd_ms", "fwdbwd_ms", "fwdbwd_tflops",
            "vs_naive", "fwd_temp_mib", "fwdbwd_temp_mib", "mem_vs_naive", "tok_per_s", "step_ms",
            "hbm_floor_ms", "roofline_frac", "kernels_per_step", "copy_mib_per_step",
-           "write_mib_per_step", "micro_batches", "mfu", "error")
+           "write_mib_per_step", "micro_batches", "mfu", "vs_base", "capture_overhead_pct",
+           "async_ep_per_s", "barrier_ep_per_s", "speedup", "async_idle", "barrier_idle",
+           "of_bound", "same_tokens", "error")
 
 
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--quick", action="store_true", help="tiny shapes: seconds on CPU")
-  ap.add_argument("--only", choices=("kernels", "decode", "train", "tune"), action="append",
+  ap.add_argument("--only", choices=("kernels", "decode", "train", "features", "tune"),
+                  action="append",
                   help="run only these sections (repeatable); default all")
   ap.add_argument("--pallas", action="store_true",
                   help="also time the Pallas kernels off GPU (interpret mode: slow)")
@@ -282,7 +291,7 @@ def main(argv=None) -> dict:
   s = sizes(args.quick)
   info = device_info()
   print(f"device {info['device']} ({info['platform']}), auto: {info['auto']}", flush=True)
-  sections = args.only or ["kernels", "decode", "train"]
+  sections = args.only or ["kernels", "decode", "train", "features"]
   rows, peaks = [], {}
   profile = None if args.profile is None else {"dir": args.profile}
   interrupted = None
@@ -291,7 +300,8 @@ def main(argv=None) -> dict:
     run = {"kernels": lambda: kernel_section(s, args.pallas),
            "decode": lambda: decode_section(s, info, profile),
            "tune": lambda: tune_section(s),
-           "train": lambda: train_section(s, info, profile)}[sec]
+           "train": lambda: train_section(s, info, profile),
+           "features": lambda: features_section(s, info)}[sec]
     try:
       for row in run():   # rows as they are measured: an interrupt keeps those so far
         rows.append(row)

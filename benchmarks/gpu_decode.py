@@ -33,8 +33,19 @@ XLA_VARIANTS = (
 )
 
 
-def _param_bytes(params) -> int:
+def param_bytes(params) -> int:
+  """Bytes of every array of a pytree."""
   return sum(int(a.size) * a.dtype.itemsize for a in jax.tree.leaves(params))
+
+
+def hbm_floor_ms(weight_bytes: int, c, batch: int, prompt_len: int, new_tokens: int,
+                 bw: float | None) -> float | None:
+  """One decode step's HBM floor in ms: `weight_bytes` and, per row, the KV cache of model `c`
+  at its average length (prompt + half the new tokens) read once at `bw` bytes/s (None when
+  the bandwidth is unknown)."""
+  kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * jnp.dtype(c.cdtype).itemsize
+  floor_bytes = weight_bytes + batch * kv_per_token * (prompt_len + new_tokens / 2)
+  return floor_bytes / bw * 1e3 if bw else None
 
 
 def _program(params, config, prompts, sampling):
@@ -48,7 +59,8 @@ def _program(params, config, prompts, sampling):
   return lowered, args
 
 
-def _hlo_columns(text: str) -> dict:
+def hlo_columns(text: str) -> dict:
+  """What a compiled decode program's step loop runs per step (`hlo_stats`), as row columns."""
   step = hlo_stats.per_step(text) or {}
   return {"kernels_per_step": step.get("kernels"), "copies_per_step": step.get("copies"),
           "copy_mib_per_step": (step["copy_bytes"] / MiB) if step else None,
@@ -79,22 +91,20 @@ def decode_section(s, info: dict, profile: dict | None = None) -> Iterator[dict]
   c = s.dense
   params = models.init_params(c, jax.random.PRNGKey(0))
   sampling = models.SamplingConfig(temperature=1.0, max_new_tokens=s.new_tokens, stop_tokens=())
-  kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * jnp.dtype(c.cdtype).itemsize
   bw = info["hbm_bytes_per_s"]
   for batch in s.decode_batches:
     prompts = jax.random.randint(jax.random.PRNGKey(batch), (batch, s.prompt_len), 3, c.vocab_size)
     run = lambda k: models.generate(params, c, prompts, key=k, sampling=sampling)  # noqa: E731
     shape = f"0.5B b{batch} p{s.prompt_len} +{s.new_tokens}"
     # One step reads every weight once and, per row, the KV cache at its average length.
-    floor_bytes = _param_bytes(params) + batch * kv_per_token * (s.prompt_len + s.new_tokens / 2)
-    floor_ms = floor_bytes / bw * 1e3 if bw else None
+    floor_ms = hbm_floor_ms(param_bytes(params), c, batch, s.prompt_len, s.new_tokens, bw)
 
     row = functools.partial(_row, shape=shape, tokens=batch * s.new_tokens,
                             steps=s.new_tokens, floor_ms=floor_ms)
     t0 = time.perf_counter()
     lowered, args = _program(params, c, prompts, sampling)
     compiled = lowered.compile()
-    hlo = _hlo_columns(compiled.as_text())
+    hlo = hlo_columns(compiled.as_text())
     jax.block_until_ready(run(jax.random.PRNGKey(0)).tokens)
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -110,7 +120,7 @@ def decode_section(s, info: dict, profile: dict | None = None) -> Iterator[dict]
         try:
           variant = lowered.compile(compiler_options=options)
           secs = _time_once(lambda f=variant, a=args: f(*a).tokens)
-          extra = _hlo_columns(variant.as_text())
+          extra = hlo_columns(variant.as_text())
         except Exception as e:  # pylint: disable=broad-except  # an unknown option is a result
           yield {"section": "decode", "name": "generate", "impl": name, "shape": shape,
                  "error": f"{type(e).__name__}: {str(e)[:160]}"}

@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
 # One call on a lent GPU (issue 45): the benchmark table (`benchmarks.gpu`, a process per section),
-# the decode and train-step profiles (kernels per step, copy share) and the portable suite
-# (`scripts/gpu_suite.sh`), inside GPU_CHECK_BUDGET_S seconds in all (default 270: a second run
+# the decode and train-step profiles (kernels per step, copy share), the portable suite
+# (`scripts/gpu_suite.sh`) and the feature rows (decode with unmerged LoRA adapters vs the plain
+# model, MoE decode with route capture on vs off, the agentic episodes' idle fraction:
+# `benchmarks.gpu_features`), inside GPU_CHECK_BUDGET_S seconds in all (default 270: a second run
 # after a fix fits in ~9 minutes), then a compact summary with issue 45's targets met or not.
 #
-#   bash scripts/gpu_check.sh                        # decode train kernels suite
+#   bash scripts/gpu_check.sh                        # decode train kernels suite features
 #   STAGES="decode train" bash scripts/gpu_check.sh  # some stages only
 #   GPU_CHECK_ARGS=--quick PYTHON=.venv/bin/python STAGES="decode train" bash scripts/gpu_check.sh
 #                                                    # (tiny shapes: a smoke run on a CPU)
 #
 # Each stage may use what the budget leaves after keeping RESERVE seconds for the stages after
 # it; a stage that runs out is interrupted (SIGINT: pytest still prints its counts) and the next
-# one starts. JSON: benchmarks/results/gpu_<device>_jax<version>_<UTC stamp>_<section>.json, copied
+# one starts. The feature rows come last and get what is left: on an H100 with a cold compile
+# cache (estimated from the 2026-11-28 run, ~10 s per 0.5B decode compile) decode takes ~65 s,
+# train ~80, kernels ~65 and the suite ~60, so features (~60-90 s cold, ~40 warm) may be cut
+# (the rows measured so far are kept); `STAGES=features bash scripts/gpu_check.sh` runs them in
+# full in a second call.
+# JSON: benchmarks/results/gpu_<device>_jax<version>_<UTC stamp>_<section>.json, copied
 # with the log and the summary to $OUT when it is set. A rerun on the same (warm) machine reuses
 # the compiled programs (JAX_COMPILATION_CACHE_DIR), so it recompiles only what changed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 BUDGET=${GPU_CHECK_BUDGET_S:-270}
-read -r -a stages <<<"${STAGES:-decode train kernels suite}"
-declare -A RESERVE=([decode]=60 [train]=80 [kernels]=50 [suite]=60)
+read -r -a stages <<<"${STAGES:-decode train kernels suite features}"
+declare -A RESERVE=([decode]=60 [train]=80 [kernels]=50 [suite]=60 [features]=0)
 export PYTHONUNBUFFERED=1
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jaxrl_gpu_jax_cache}
 stamp=$(date -u +%Y%m%d_%H%M%S)
@@ -32,7 +39,7 @@ status=()
 
 for stage in "${stages[@]}"; do
   if [ -z "${RESERVE[$stage]+x}" ]; then
-    echo "unknown stage '$stage' in STAGES: use decode, train, kernels, suite" >&2
+    echo "unknown stage '$stage' in STAGES: use decode, train, kernels, features, suite" >&2
     exit 2
   fi
 done
@@ -57,7 +64,7 @@ for i in "${!stages[@]}"; do
     note=$(grep -E "(passed|failed|error).* in [0-9.]+s" "$suite_log" | tail -1 | tr -d '=')
   else
     profile=()
-    if [ "$stage" != kernels ]; then profile=(--profile "/tmp/jaxrl_gpu_trace_$stamp"); fi
+    case $stage in decode|train) profile=(--profile "/tmp/jaxrl_gpu_trace_$stamp") ;; esac
     # shellcheck disable=SC2086  # GPU_CHECK_ARGS: extra flags, e.g. --quick for a CPU smoke run
     timeout -s INT -k 15 "$left" "$PY" -m benchmarks.gpu --only "$stage" "${profile[@]}" \
       ${GPU_CHECK_ARGS:-} --out "gpu_{device}_jax{jax}_${stamp}_${stage}" 2>&1 | tee -a "$log"
@@ -75,10 +82,10 @@ if [ -e "${jsons[0]}" ]; then
   "$PY" -m benchmarks.gpu_summary "${jsons[@]}" 2>&1 | tee "$summary"
 fi
 {
-  echo "stage   | rc  | seconds | note"
+  echo "stage    | rc  | seconds | note"
   for row in "${status[@]}"; do
     IFS='|' read -r st rc secs note <<<"$row"
-    printf "%-7s | %-3s | %-7s | %s\n" "$st" "$rc" "$secs" "$note"
+    printf "%-8s | %-3s | %-7s | %s\n" "$st" "$rc" "$secs" "$note"
   done
   echo "total ${SECONDS}s of a ${BUDGET}s budget; results: ${jsons[*]}"
 } | tee -a "$summary"

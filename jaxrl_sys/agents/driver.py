@@ -2,7 +2,7 @@
 
 The driver is a rollout client towards the training loop (`submit` the loop's requests, one per
 episode; `poll` finished episodes; `abort`; `snapshot`; `publish`) and a client of a rollout
-session towards the engines (the `RolloutManager` over in-process, thread or Ray workers, or an
+session towards the engines (the `RolloutManager` over in-process, thread or Ray workers, or
 its default embedded form). An episode alternates:
 
   generate turn t   the turn's request (prompt = episode prompt + every token so far) is
@@ -21,21 +21,24 @@ resume an episode exactly is in `abort()` / `snapshot()`'s requests (`agents.epi
 
 The sequence an episode trains on is the sampled ids, the glue and the observation ids, in
 order, never re-tokenized (`tasks.turns`); the mask is `versions >= 0`.
+
+This module holds the client protocol and the episode's transitions (turns, the outcome of an
+env step, the turn barrier, speculation); running the env calls themselves, on threads, is
+`agents.env_steps.EnvSteps`, a base class of the driver.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import concurrent.futures as cf
-import inspect
 import logging
-import threading
 import time
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from jaxrl_sys.agents.config import AgentConfig
+from jaxrl_sys.agents.env_steps import EnvSteps
 from jaxrl_sys.agents.episode import Episode
 from jaxrl_sys.agents.prefetch import EpisodeRunner, Prefetcher, StreamPredictor
 from jaxrl_sys.rollout.types import Completion, FinishReason, Request
@@ -44,13 +47,11 @@ from jaxrl_sys.tasks.tools.executor import ToolExecutor
 
 log = logging.getLogger(__name__)
 
+# The statuses of a tool call (`ToolResult.status`), each counted as metric `agent_tool_<status>`.
 TOOL_STATUSES = ("ok", "malformed", "unclosed", "unknown", "error", "timeout", "killed")
-# Before the engines' next step, env steps that keep finishing within QUICK_S of each other are
-# waited for (QUICK_CAP_S at most): their next turns join that step (`_gather_quick`).
-QUICK_S, QUICK_CAP_S = 0.001, 0.005
 
 
-class EpisodeDriver:
+class EpisodeDriver(EnvSteps):
   """Runs episodes over `session` (see the module docstring).
 
   Args:
@@ -217,88 +218,7 @@ class EpisodeDriver:
       raise AttributeError(name)
     return getattr(self.session, name)  # worker_times, loads, ... of the session
 
-  # ----- env steps -------------------------------------------------------------------------------
-  def _gather_quick(self, futures: list[cf.Future]) -> None:
-    """Waits while the env steps `futures` keep finishing (each `QUICK_S` seconds bring one
-    more; `QUICK_CAP_S` in all): a burst of quick steps (instant tools, or tools started together)
-    then starts its next turns in the same engine step instead of trickling in a step apart.
-    A slow step costs the wait of one empty window."""
-    pending = [f for f in futures if not f.done()]
-    end = time.monotonic() + QUICK_CAP_S
-    while pending:
-      left = end - time.monotonic()
-      if left <= 0:
-        return
-      done, rest = cf.wait(pending, timeout=min(QUICK_S, left))
-      if not done:
-        return
-      pending = list(rest)
-
-  def _run_env(self, ep: Episode, kind: str, fn: Callable[[], Any]) -> None:
-    ep.phase = "env"
-    self._env[ep.episode_id] = (self._pool.submit(fn), kind)
-
-  def _call_step(self, env: Any, action: Action) -> EnvStep:
-    step = env.step
-    if inspect.iscoroutinefunction(step):
-      return asyncio.run_coroutine_threadsafe(step(action), self._async_loop()).result()
-    return step(action)
-
-  def _async_loop(self) -> asyncio.AbstractEventLoop:
-    if self._aloop is None:
-      self._aloop = asyncio.new_event_loop()
-      threading.Thread(target=self._aloop.run_forever, name="env-async", daemon=True).start()
-    return self._aloop
-
-  def _problem(self, ep: Episode):
-    meta = ep.request.meta
-    return self.task.problem(int(meta.get("problem", meta.get("group", ep.request.group_id))))
-
-  def _start(self, ep: Episode) -> Any:
-    """The env's part of starting or resuming an episode (on an env thread)."""
-    problem, env = self._problem(ep), ep.env
-    resumed = bool(ep.actions) or ep.turn > 0 or len(ep.tokens)
-    if not resumed:
-      return ("fresh", env.reset(problem))
-    if hasattr(env, "restore") and ep.env_snapshot is not None:
-      env.restore(problem, ep.env_snapshot)
-    else:  # rebuilt: reset, then the recorded actions again (their tools are called again)
-      env.reset(problem)
-      for i, text in enumerate(ep.actions[:len(ep.observations)]):
-        self._call_step(env, Action(text, turn=i))
-    if len(ep.actions) > len(ep.observations):  # the step in flight at the checkpoint
-      return ("step", self._step_now(ep, Action(ep.actions[-1], turn=len(ep.actions) - 1)))
-    return ("resumed", None)
-
-  def _step_now(self, ep: Episode, action: Action) -> EnvStep:
-    """An env step on an env thread; `ep.env_snapshot` still holds the state before it (what a
-    checkpoint taken meanwhile resumes from, running the step again)."""
-    return self._call_step(ep.env, action)
-
-  def _collect_env(self) -> None:
-    for eid, (fut, kind) in list(self._env.items()):
-      if not fut.done():
-        continue
-      del self._env[eid]
-      ep = self.episodes[eid]
-      try:
-        got = fut.result()
-      except Exception as e:  # pylint: disable=broad-except
-        self._env_failed(ep, kind, e)
-        continue
-      if kind == "reset":
-        how, value = got
-        if how == "fresh":
-          self._begin(ep, value)
-        elif how == "step":
-          self._after_step(ep, value)
-        else:
-          self._submit_turn(ep, resume=True)
-      else:
-        self._after_step(ep, got)
-    if self.config.turn_barrier:
-      self._release_barrier()
-
+  # ----- an env step's outcome -------------------------------------------------------------------
   def _env_failed(self, ep: Episode, kind: str, e: Exception) -> None:
     msg = f"{type(e).__name__}: {e}"
     ep.info["env_error"] = msg
@@ -309,11 +229,6 @@ class EpisodeDriver:
                   "gradient; further errors are counted in agent_env_errors): %s",
                   kind, ep.episode_id, sum(ep.rewards), msg)
     self._finish(ep, FinishReason.STOP)
-
-  def _snapshot_env(self, ep: Episode) -> None:
-    """Records the env's state between steps (its thread is idle)."""
-    if hasattr(ep.env, "snapshot"):
-      ep.env_snapshot = ep.env.snapshot()
 
   def _begin(self, ep: Episode, first: Any) -> None:
     """A fresh episode's first turn (the prompt re-encoded when the env's first observation is

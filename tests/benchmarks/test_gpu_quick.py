@@ -39,6 +39,24 @@ def test_gpu_benchmark_quick(tmp_path, monkeypatch):
   assert [(r["name"], r["impl"], r["micro_batches"]) for r in train] == [
       ("grpo step Qwen3-MoE", "1 program", 1), ("grpo step Qwen3-MoE", "2 x 1 groups", 2)]
   assert all(0 < r["mfu"] < 1 and r["fwdbwd_temp_mib"] > 0 for r in train)
+  # The feature rows (issue 45's last bullet): the engine's decode, plain and with unmerged
+  # adapters (their extra matmuls run in the step), generating every token it was asked for.
+  lora = {r["impl"]: r for r in rows if r["section"] == "lora"}
+  assert set(lora) == {"plain", "unmerged rank 8"}
+  assert all(r["generated"] == s.decode_batches[0] * s.new_tokens for r in lora.values())
+  assert lora["unmerged rank 8"]["kernels_per_step"] > lora["plain"]["kernels_per_step"]
+  assert lora["plain"]["vs_base"] == 1.0
+  # MoE decode steps with route capture off and on, the overhead their ratio.
+  routes = {r["impl"]: r for r in rows if r["section"] == "routes"}
+  assert set(routes) == {"capture off", "capture on"}
+  on, off = routes["capture on"], routes["capture off"]
+  assert abs(on["capture_overhead_pct"] - 100 * (on["step_ms"] / off["step_ms"] - 1)) < 1e-6
+  # The agentic episodes, async vs barrier: on a CPU both runs sample identical episodes.
+  agentic = {r["tool_latency"]: r for r in rows if r["section"] == "agentic"}
+  assert set(agentic) == {"0", "heavy"}
+  for r in agentic.values():
+    assert r["same_tokens"] == 1.0
+    assert 0 <= r["async_idle"] <= 1 and 0 <= r["barrier_idle"] <= 1
   # The per-op profile of the decode and the train step (host process on CPU).
   assert set(saved["profile"]) == {"decode_b4", "train Qwen3-MoE"}
   for ops in saved["profile"].values():
