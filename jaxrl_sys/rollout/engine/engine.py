@@ -3,7 +3,8 @@
 The device side is three pure jitted functions in `rollout.engine.slots` (prefill, prefix copy,
 chunked decode) over a fixed slot cache, called by `rollout.engine.device.SlotDevice` with the
 weights of `rollout.engine.weights.EngineWeights` (with LoRA the frozen base beside the
-adapters); this class only decides what goes where. Each `step()`:
+adapters); this class only decides what goes where (admission, packing and the sequences freed
+slots keep: `rollout.engine.placement.SlotPlacement`, its base). Each `step()`:
 
 1. admits waiting requests into free slots (FIFO, lowest slots first). Requests whose prefill
    sequence (prompt, or prompt + partial response for a resumed request, minus the pending last
@@ -60,6 +61,7 @@ from jaxrl_sys.rollout.engine import slots
 from jaxrl_sys.rollout.engine.check import check_request
 from jaxrl_sys.rollout.engine.config import EngineConfig, EngineStats
 from jaxrl_sys.rollout.engine.device import SlotDevice
+from jaxrl_sys.rollout.engine.placement import SlotPlacement
 from jaxrl_sys.rollout.engine.routes import SlotRoutes
 from jaxrl_sys.rollout.engine.weights import EngineWeights
 from jaxrl_sys.rollout.types import Completion, FinishReason, Request, TokenChunk
@@ -67,7 +69,7 @@ from jaxrl_sys.rollout.types import Completion, FinishReason, Request, TokenChun
 pick = slots.pick_bucket
 
 
-class Engine:
+class Engine(SlotPlacement):
   """A continuous-batching engine over `num_slots` slots. Not thread-safe: drive it from one
   thread (`submit`, `step`, `abort`, `load` between steps)."""
 
@@ -233,17 +235,6 @@ class Engine:
         self._enqueue(r, front=True)
     self._held = [None] * self.config.num_slots  # KV of the old weights is not extended
 
-  def _release(self, s: int) -> None:
-    # the slot's prefix stays registered: its rows stay intact until the slot is reused
-    r = self._req[s]
-    if self.config.extend_prefixes and r is not None and (
-        self._routes is None or self._routes.hold(s, r, int(self._written[s]))):
-      self._held[s] = np.concatenate([r.prompt, r.tokens])[:self._written[s]].tobytes()
-      self._releases += 1
-      self._held_at[s] = self._releases
-    self._live[s] = False
-    self._req[s] = None
-
   def _enqueue(self, r: Request, front: bool = False) -> None:
     key = np.concatenate([r.prompt, r.tokens])[:-1].tobytes()
     if r.num_routed:  # a prefix rebuilt with recorded routes is shared only with the same routes
@@ -269,135 +260,6 @@ class Engine:
   def _decode(self, rows: int, width: int, live):
     return self.device.decode(width, self._pending[:rows], self._keys[:rows], self._index[:rows],
                               self._budget[:rows], live)
-
-  def _free_order(self) -> list[int]:
-    """Free slots, lowest first, those holding a prefix a waiting request wants last."""
-    free = [int(s) for s in np.flatnonzero(~self._live)]
-    # Slots holding an extendable sequence go last, least recently released first (an
-    # episode's next turn likely comes back for the most recent ones).
-    return sorted(free, key=lambda s: (self._prefix[s] is not None
-                                       and self._waiting_keys[self._prefix[s]] > 0,
-                                       self._held[s] is not None,
-                                       int(self._held_at[s]) if self._held[s] is not None else 0,
-                                       s))
-
-  def _claims(self, free: list[int]) -> dict[int, int]:
-    """`extend_prefixes`: request id -> the free slot holding the longest prefix of its
-    sequence (each slot claimed once, queue order)."""
-    held = [s for s in free if self._held[s] is not None]
-    out: dict[int, int] = {}
-    if not held:
-      return out
-    taken: set[int] = set()
-    for r in list(self._waiting)[:len(free)]:
-      seq, best = np.concatenate([r.prompt, r.tokens])[:-1].tobytes(), None
-      for s in held:
-        h = self._held[s]
-        if (s not in taken and 0 < len(h) <= len(seq) and seq.startswith(h)
-            and (best is None or len(h) > len(self._held[best]))
-            and (self._routes is None or self._routes.compatible(s, r, len(h) // 4))):
-          best = s
-      if best is not None:
-        out[r.request_id] = best
-        taken.add(best)
-    return out
-
-  def _admit(self) -> None:
-    """Moves waiting requests into free slots: prefix copies or batched prefills."""
-    c = self.config
-    free = self._free_order()
-    if not free or not self._waiting:
-      return
-    # Slots whose cached prefix is intact: live ones, and free ones not reused since.
-    sources: dict[bytes, list[int]] = collections.defaultdict(list)
-    for s in range(c.num_slots) if c.share_prefixes else ():
-      if self._prefix[s] is not None:
-        sources[self._prefix[s]].append(s)
-    leaders: list[tuple[np.ndarray, int]] = []
-    copies: list[tuple[int, int, int]] = []
-    extends: list[tuple[np.ndarray, int, int, Request]] = []  # (new tokens, kept, slot, r)
-    claims = self._claims(free) if c.extend_prefixes else {}
-    claimed = set(claims.values())
-    while self._waiting and free:
-      r = self._waiting.popleft()
-      key = self._key_of[r.request_id]
-      n = len(r.prompt) + r.num_generated - 1   # the prefill prefix: all but the pending token
-      self._waiting_keys[key] -= 1
-      claim = claims.pop(r.request_id, None)
-      if claim is not None and claim in free:
-        s, m = claim, len(self._held[claim]) // 4
-        claimed.discard(s)
-        free.remove(s)
-        if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
-          sources[self._prefix[s]].remove(s)
-        if m == n:
-          copies.append((s, s, n))  # every row already in place
-        else:
-          extends.append((np.concatenate([r.prompt, r.tokens])[m:n], m, s, r))
-        if self._routes is not None:
-          self._routes.extended(s, r, m, n)
-        self.stats.reused_tokens += m
-      else:
-        open_ = [s for s in free if s not in claimed] or free
-        own = [s for s in sources.get(key, ()) if s in open_]  # a free slot holding this prefix
-        s = own[0] if own else open_[0]
-        free.remove(s)
-        claimed.discard(s)
-        if self._prefix[s] is not None and s in sources.get(self._prefix[s], ()):
-          sources[self._prefix[s]].remove(s)
-        src = [a for a in sources.get(key, ()) if a != s]  # live, or prefilled this round
-        source = None
-        if n == 0 or own:
-          copies.append((s, s, n))  # reset the slot's metadata, rows already in place
-          source = s
-        elif src:
-          copies.append((src[0], s, n))  # copies run after this round's prefills
-          source = src[0]
-        else:
-          leaders.append((np.concatenate([r.prompt, r.tokens])[:-1], s, r))
-        if self._routes is not None:
-          self._routes.admitted(s, r, source, n)
-        self.stats.prefix_hits += int(n > 0 and bool(own or src))
-      if c.share_prefixes:
-        sources[key].append(s)
-      self._held[s] = None
-      self._req[s], self._prefix[s], self._live[s] = r, key, True
-      self._pending[s] = r.tokens[-1] if r.num_generated else r.prompt[-1]
-      self._keys[s], self._index[s], self._budget[s] = r.key, r.num_generated, r.remaining
-      self._written[s] = n
-      self.stats.admitted += 1
-    self.device.prefill_blocks(leaders, self._routes)
-    self.device.extend_blocks(extends, self._routes)
-    if copies:
-      self.device.copy(copies)
-
-  def _pack(self) -> None:
-    """Moves live requests down into free low slots when that shrinks the decode rows bucket.
-    A hole holding an episode's sequence (`extend_prefixes`) swaps with the mover: its rows go
-    up to the mover's old slot in the same copy call, so packing never costs a next turn its
-    prefix."""
-    live = np.flatnonzero(self._live)
-    target = pick(len(live), self.config.decode_row_buckets)
-    if pick(int(live[-1]) + 1, self.config.decode_row_buckets) <= target:
-      return
-    holes = [s for s in self._free_order() if s < target]
-    movers = [int(s) for s in live if s >= target]
-    pairs = list(zip(movers, holes))
-    moves = [(a, d, int(self._written[a])) for a, d in pairs]
-    moves += [(d, a, len(self._held[d]) // 4) for a, d in pairs if self._held[d] is not None]
-    self.device.copy(moves)
-    for a, d in pairs:
-      held, held_at, prefix = self._held[d], self._held_at[d], self._prefix[d]
-      for arr in (self._pending, self._keys, self._index, self._budget, self._written):
-        arr[d] = arr[a]
-      self._req[d], self._prefix[d], self._live[d] = self._req[a], self._prefix[a], True
-      self._held[d] = None
-      if self._routes is not None:
-        self._routes.moved(a, d, swap=held is not None)
-      self._req[a], self._live[a] = None, False  # moved, not finished: not an episode's context
-      if held is not None:  # the hole's sequence now lives in the mover's old rows
-        self._held[a], self._held_at[a], self._prefix[a] = held, held_at, prefix
-    self.stats.moved_rows += len(pairs)
 
   def step(self) -> list[TokenChunk]:
     """Admits waiting requests, runs up to `stream_every` decode steps, and returns one chunk
