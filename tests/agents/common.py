@@ -4,6 +4,7 @@ character tokenizer, and an env whose turns do not depend on what the policy wri
 import functools
 
 import jax
+import numpy as np
 
 from jaxrl_sys import models
 from jaxrl_sys.rollout import EngineConfig, InProcessWorker, RolloutManager
@@ -59,3 +60,14 @@ class EchoEnv:
 
   def restore(self, problem, snapshot):
     self.n = snapshot["n"]
+
+
+def assert_same_episodes(out: dict, undisturbed: dict) -> None:
+  """Every episode of `out` ({id: Completion}) equals the undisturbed run's: tokens, per-token
+  versions, log-probs (1e-5) and the episode record."""
+  assert sorted(out) == sorted(undisturbed)
+  for e, c in undisturbed.items():
+    np.testing.assert_array_equal(out[e].request.tokens, c.request.tokens)
+    np.testing.assert_array_equal(out[e].request.versions, c.request.versions)
+    np.testing.assert_allclose(out[e].request.logprobs, c.request.logprobs, atol=1e-5)
+    assert out[e].request.meta["episode"] == c.request.meta["episode"]

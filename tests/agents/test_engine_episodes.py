@@ -204,12 +204,7 @@ def test_episodes_under_the_adaptive_offload_end_as_undisturbed(episodes):
   assert offload.hand_off(m) > 0
   out.update(run_all(driver, []))
   driver.close()
-  assert sorted(out) == sorted(undisturbed)
-  for e, c in undisturbed.items():
-    np.testing.assert_array_equal(out[e].request.tokens, c.request.tokens)
-    np.testing.assert_array_equal(out[e].request.versions, c.request.versions)
-    np.testing.assert_allclose(out[e].request.logprobs, c.request.logprobs, atol=1e-5)
-    assert out[e].request.meta["episode"] == c.request.meta["episode"]
+  common.assert_same_episodes(out, undisturbed)
   # Turns ran on both sides: seeded ones continued on the spot worker where the trainer stopped.
   workers = {w for e in out for t in range(3)
              for w, _, _ in m.fleet.provenance(turn_request_id(e, t))}

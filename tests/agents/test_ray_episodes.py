@@ -4,7 +4,6 @@ import os
 import signal
 import time
 
-import numpy as np
 
 from jaxrl_sys.agents import AgentConfig, EpisodeDriver
 from jaxrl_sys.agents.episode import turn_request_id
@@ -70,12 +69,7 @@ def test_workers_killed_mid_turn_and_between_turns(ray_session):  # pylint: disa
           killed["between_turns"] = w
           break
   assert set(killed) == {"mid_turn", "between_turns"}, killed
-  assert sorted(out) == sorted(undisturbed)
-  for e, c in undisturbed.items():
-    np.testing.assert_array_equal(out[e].request.tokens, c.request.tokens)
-    np.testing.assert_array_equal(out[e].request.versions, c.request.versions)
-    np.testing.assert_allclose(out[e].request.logprobs, c.request.logprobs, atol=1e-5)
-    assert out[e].request.meta["episode"] == c.request.meta["episode"]
+  common.assert_same_episodes(out, undisturbed)
   assert m.fleet.stats.lost == 2 and m.fleet.stats.migrated >= 1
   driver.close()
   m.close()
