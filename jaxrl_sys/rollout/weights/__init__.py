@@ -1,6 +1,6 @@
 """Pull-based weight stores: the protocols and errors (`base`), chunked checksummed I/O (`io`),
-the stores (`memory`; `tensorstore` and `ray` imported on demand) and `make_weight_store`
-(`factory`, backends looked up by name)."""
+the stores (`memory`; `tensorstore`, over `kvstore`'s deadline-bound kvstore access, and `ray`
+imported on demand) and `make_weight_store` (`factory`, backends looked up by name)."""
 from jaxrl_sys.rollout.weights.base import (BaseRef, BaseWeights, CorruptWeightsError,
                                             VersionTable, WeightPublishError, WeightRef,
                                             WeightStore)

@@ -1,11 +1,11 @@
 """The tensorstore weight store: versions as files under a directory or any tensorstore kvstore
 URL (`file://`, `gs://`, `memory://`), for workers on other machines (layout in `weights`).
 
-Every kvstore operation has a deadline (tensorstore itself retries an endpoint it cannot reach,
-e.g. `gs://` without credentials or network, for many minutes): `REMOTE_TIMEOUT_S` for a small
-one, plus `MIN_BYTES_PER_S` for a data write or read. A store that does not answer raises
-`WeightStoreUnreachableError` (the constructor, so a run stops before training) or fails the
-publish. A failed publish (a full disk, a lost connection) deletes what it wrote of its
+Every kvstore operation has a deadline (`weights.kvstore`: `REMOTE_TIMEOUT_S` for a small one,
+plus `MIN_BYTES_PER_S` for a data write or read; tensorstore itself retries an endpoint it cannot
+reach, e.g. `gs://` without credentials or network, for many minutes). A store that does not
+answer raises `WeightStoreUnreachableError` (the constructor, so a run stops before training) or
+fails the publish. A failed publish (a full disk, a lost connection) deletes what it wrote of its
 version: no partial version is left behind.
 """
 from __future__ import annotations
@@ -15,8 +15,6 @@ import json
 import logging
 import os
 import re
-import threading
-import urllib.parse
 import zlib
 from typing import Any, Iterable
 
@@ -27,89 +25,11 @@ from jaxrl_sys.rollout.weights import io as weights_io
 from jaxrl_sys.rollout.weights.io import (BackgroundPublisher, BackgroundStore,
                                           bytes_view, check_chunk, decode_tree, encode_tree,
                                           run_parallel, dtype_from_name, host_leaves, verify_leaves)
+from jaxrl_sys.rollout.weights.kvstore import (WeightStoreUnreachableError,  # noqa: F401
+                                               local_dir, open_kvstore, prefix_range, read_key,
+                                               result, root_url, settle)
 
 _log = logging.getLogger(__name__)
-
-# Deadline of one small kvstore operation (open, list, a pointer or a manifest), in seconds; data
-# transfers get `nbytes / MIN_BYTES_PER_S` more.
-REMOTE_TIMEOUT_S = 60.0
-MIN_BYTES_PER_S = 4 << 20
-
-
-class WeightStoreUnreachableError(ValueError):
-  """The weight store's kvstore did not answer within its deadline (no network, credentials,
-  or a hung mount)."""
-
-
-def _result(future, url: str, what: str, nbytes: int = 0):
-  """`future.result()` within the deadline of an operation moving `nbytes` (see the module
-  docstring); raises `WeightStoreUnreachableError` past it."""
-  timeout = REMOTE_TIMEOUT_S + nbytes / MIN_BYTES_PER_S
-  try:
-    return future.result(timeout=timeout)
-  except TimeoutError:
-    try:
-      future.cancel()
-    except Exception:  # pylint: disable=broad-except  (best effort)
-      pass
-    hint = (" (gs:// needs credentials: GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth "
-            "application-default login`)" if url.startswith("gs://") else "")
-    raise WeightStoreUnreachableError(
-        f"the weight store {url} did not answer within {timeout:.3g} s ({what}): is it "
-        f"reachable from here{hint}? Check the URL, the network and its credentials, or use a "
-        "local directory (--weight_store=tensorstore:/path)") from None
-
-
-# ----- tensorstore backend -----------------------------------------------------------------------
-_KVSTORES: dict[str, Any] = {}
-_KV_LOCK = threading.Lock()
-
-
-def _url(path_or_url: str | os.PathLike) -> str:
-  path_or_url = os.fspath(path_or_url)
-  if "://" not in path_or_url:
-    return "file://" + urllib.parse.quote(os.path.abspath(path_or_url).rstrip("/")) + "/"
-  return path_or_url if path_or_url.endswith("/") else path_or_url + "/"
-
-
-def _kvstore(url: str):
-  """One open kvstore per URL per process (so `memory://` is shared by a store and its refs)."""
-  import tensorstore as ts  # pylint: disable=import-outside-toplevel
-  with _KV_LOCK:
-    if url not in _KVSTORES:
-      _KVSTORES[url] = _result(ts.KvStore.open(url), url, "opening it")
-    return _KVSTORES[url]
-
-
-def _local_dir(url: str) -> str | None:
-  """The directory of a `file://` URL (read with plain file calls: no tensorstore start-up)."""
-  return urllib.parse.unquote(url[len("file://"):]) if url.startswith("file://") else None
-
-
-def _read_key(url: str, key: str) -> bytes | None:
-  """One small value (None if missing)."""
-  local = _local_dir(url)
-  if local is None:
-    got = _result(_kvstore(url).read(key), url, f"reading {key}")
-    return got.value if got.state == "value" else None
-  try:
-    with open(os.path.join(local, key), "rb") as f:
-      return f.read()
-  except FileNotFoundError:
-    return None
-
-
-def _settle(future) -> None:
-  """Waits (within the deadline) for a write whose attempt failed, ignoring its outcome."""
-  try:
-    future.exception(timeout=REMOTE_TIMEOUT_S)
-  except Exception:  # pylint: disable=broad-except  (a timeout, a cancelled future)
-    pass
-
-
-def _prefix_range(prefix: str):
-  import tensorstore as ts  # pylint: disable=import-outside-toplevel
-  return ts.KvStore.KeyRange(prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +59,7 @@ class TensorstoreWeightRef:
     """
     v, where = self.version, self.url
     prefix = self.prefix or f"v{v}/"
-    raw = _read_key(self.url, f"{prefix}manifest.json")
+    raw = read_key(self.url, f"{prefix}manifest.json")
     if raw is None:
       raise CorruptWeightsError(f"weight version {v} at {where}: manifest.json is missing "
                                 "(deleted by gc, or never committed)")
@@ -151,9 +71,9 @@ class TensorstoreWeightRef:
                  dtype_from_name(a["dtype"]), a["crc32"]) for a in m["arrays"]]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
       raise CorruptWeightsError(f"weight version {v} at {where}: bad manifest ({e})") from e
-    local = _local_dir(self.url)
+    local = local_dir(self.url)
     leaves = (_read_files(local, arrays, v, where) if local is not None
-              else _read_kvstore(_kvstore(self.url), arrays, v, where))
+              else _read_kvstore(open_kvstore(self.url), arrays, v, where))
     try:
       return decode_tree(m["tree"], leaves)
     except (ValueError, KeyError, TypeError, IndexError, ImportError, AttributeError) as e:
@@ -219,7 +139,7 @@ def _read_kvstore(kv, arrays, v: int, where: str) -> list[np.ndarray]:
   leaves = []
   for (path, key, shape, dtype, _), f in zip(arrays, futures):
     want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    got = _result(f, where, f"reading {key}", want)
+    got = result(f, where, f"reading {key}", want)
     if got.state != "value":
       raise CorruptWeightsError(f"weight version {v} at {where}: array {path} is missing "
                                 "(deleted by gc, or never written)")
@@ -242,7 +162,7 @@ def _base_ref(url: str, entry: dict | None) -> BaseRef | None:
 
 
 def _read_latest(url: str) -> TensorstoreWeightRef | None:
-  raw = _read_key(url, "LATEST")
+  raw = read_key(url, "LATEST")
   if raw is None:
     return None
   try:
@@ -256,7 +176,7 @@ def _read_latest(url: str) -> TensorstoreWeightRef | None:
 def open_latest(path_or_url: str | os.PathLike) -> TensorstoreWeightRef | None:
   """The newest committed version under `path_or_url` (a directory or kvstore URL), or None
   before the first commit: what a worker that starts on its own calls."""
-  return _read_latest(_url(path_or_url))
+  return _read_latest(root_url(path_or_url))
 
 
 class TensorstoreWeightStore(BackgroundStore):
@@ -272,12 +192,12 @@ class TensorstoreWeightStore(BackgroundStore):
   """
 
   def __init__(self, path_or_url: str | os.PathLike, *, max_pending: int = 2):
-    self.url = _url(path_or_url)
-    self._kv = _kvstore(self.url)
+    self.url = root_url(path_or_url)
+    self._kv = open_kvstore(self.url)
     super().__init__()
     latest = _read_latest(self.url)
     dirs: dict[int, bool] = {}
-    for key in _result(self._kv.list(), self.url, "listing its versions"):
+    for key in result(self._kv.list(), self.url, "listing its versions"):
       hit = re.fullmatch(r"v(\d+)/(.*)", key.decode())
       if hit:
         v = int(hit.group(1))
@@ -294,10 +214,10 @@ class TensorstoreWeightStore(BackgroundStore):
     self._earlier_top = top
     # LoRA bases written so far (digest -> manifest entry), found again when reopened.
     self._bases: dict[str, dict] = {}
-    for key in _result(self._kv.list(), self.url, "listing its bases"):
+    for key in result(self._kv.list(), self.url, "listing its bases"):
       hit = re.fullmatch(r"base/([0-9a-f]+)/manifest\.json", key.decode())
       if hit:
-        raw = _read_key(self.url, key.decode())
+        raw = read_key(self.url, key.decode())
         self._bases[hit.group(1)] = {"digest": hit.group(1),
                                      "nbytes": int(json.loads(raw)["nbytes"]),
                                      "manifest_crc32": zlib.crc32(raw)}
@@ -330,7 +250,7 @@ class TensorstoreWeightStore(BackgroundStore):
 
     def job():
       if stale:  # LATEST first (it may name one), then the versions, each manifest first
-        _result(self._kv.delete_range(_prefix_range("LATEST")), self.url, "deleting LATEST")
+        result(self._kv.delete_range(prefix_range("LATEST")), self.url, "deleting LATEST")
         for w in stale:
           self._discard(w)
           with self._lock:
@@ -355,7 +275,7 @@ class TensorstoreWeightStore(BackgroundStore):
     except BaseException:
       self._base_pending.discard(digest)
       try:
-        _result(self._kv.delete_range(_prefix_range(prefix)), self.url, f"deleting {prefix}")
+        result(self._kv.delete_range(prefix_range(prefix)), self.url, f"deleting {prefix}")
       except Exception as e:  # pylint: disable=broad-except  (the write's failure is reported)
         _log.warning("could not delete the partial LoRA base %s at %s: %s", digest, self.url, e)
       raise
@@ -371,7 +291,7 @@ class TensorstoreWeightStore(BackgroundStore):
       latest = {"version": v, "nbytes": nbytes, "manifest_crc32": crc}
       if entry is not None:
         latest["base"] = entry
-      _result(self._put("LATEST", json.dumps(latest).encode()), self.url, "writing LATEST")
+      result(self._put("LATEST", json.dumps(latest).encode()), self.url, "writing LATEST")
     except BaseException:
       self._discard(v)
       raise
@@ -382,10 +302,10 @@ class TensorstoreWeightStore(BackgroundStore):
   def _write_tree(self, prefix: str, v: int, leaves: list[np.ndarray], tree: Any,
                   paths: list[str], base: dict | None = None) -> tuple[int, int]:
     """Writes the arrays under `prefix`, then their manifest; returns (bytes, manifest crc32).
-    Every write has its deadline (`_result`); on a failure no write of the attempt lands
+    Every write has its deadline (`result`); on a failure no write of the attempt lands
     after it is reported."""
     # leftovers of a crashed attempt
-    _result(self._kv.delete_range(_prefix_range(prefix)), self.url, f"clearing {prefix}")
+    result(self._kv.delete_range(prefix_range(prefix)), self.url, f"clearing {prefix}")
     arrays, inflight = [], []
     try:
       for i, (x, path) in enumerate(zip(leaves, paths)):
@@ -396,12 +316,12 @@ class TensorstoreWeightStore(BackgroundStore):
         inflight.append((self._put(f"{prefix}a{i}", x.tobytes()), x.nbytes, f"{prefix}a{i}"))
         while sum(n for _, n, _ in inflight) > 256 << 20:  # bound the bytes copies in flight
           f, n, key = inflight.pop(0)
-          _result(f, self.url, f"writing {key}", n)
+          result(f, self.url, f"writing {key}", n)
       for f, n, key in inflight:
-        _result(f, self.url, f"writing {key}", n)
+        result(f, self.url, f"writing {key}", n)
     except BaseException:
       for f, _, _ in inflight:  # no write of this attempt may land after the failure
-        _settle(f)
+        settle(f)
       raise
     nbytes = sum(x.nbytes for x in leaves)
     body = {"format": "jaxrl_sys.weights/1", "version": v, "nbytes": nbytes,
@@ -410,16 +330,16 @@ class TensorstoreWeightStore(BackgroundStore):
     if base is not None:
       body["base"] = base
     manifest = json.dumps(body).encode()
-    _result(self._put(f"{prefix}manifest.json", manifest), self.url,
-            f"writing {prefix}manifest.json")
+    result(self._put(f"{prefix}manifest.json", manifest), self.url,
+           f"writing {prefix}manifest.json")
     return nbytes, zlib.crc32(manifest)
 
   def _discard(self, v: int) -> None:
     """Deletes what a failed publish wrote of version `v` (best effort: the failure itself, a
     full disk or a lost connection, is what gets reported)."""
     try:
-      _result(self._kv.delete_range(_prefix_range(f"v{v}/")), self.url, f"deleting v{v}/")
-      local = _local_dir(self.url)
+      result(self._kv.delete_range(prefix_range(f"v{v}/")), self.url, f"deleting v{v}/")
+      local = local_dir(self.url)
       if local is not None:
         os.rmdir(os.path.join(local, f"v{v}"))
     except Exception as e:  # pylint: disable=broad-except
@@ -436,7 +356,7 @@ class TensorstoreWeightStore(BackgroundStore):
         return None
       ref = self._refs[version]
     if ref is None:  # committed before this store was opened: read its manifest once
-      raw = _read_key(self.url, f"v{version}/manifest.json")
+      raw = read_key(self.url, f"v{version}/manifest.json")
       if raw is None:
         return None
       m = json.loads(raw)
@@ -456,11 +376,11 @@ class TensorstoreWeightStore(BackgroundStore):
       for v in drop:
         self._refs.pop(v, None)
         self._orphans.discard(v)
-    local = _local_dir(self.url)
+    local = local_dir(self.url)
     for v in drop:  # manifest first: a reader then fails cleanly instead of half-reading
-      _result(self._kv.delete_range(_prefix_range(f"v{v}/manifest.json")), self.url,
-              f"deleting v{v}/manifest.json")
-      _result(self._kv.delete_range(_prefix_range(f"v{v}/")), self.url, f"deleting v{v}/")
+      result(self._kv.delete_range(prefix_range(f"v{v}/manifest.json")), self.url,
+             f"deleting v{v}/manifest.json")
+      result(self._kv.delete_range(prefix_range(f"v{v}/")), self.url, f"deleting v{v}/")
       if local is not None:
         try:
           os.rmdir(os.path.join(local, f"v{v}"))

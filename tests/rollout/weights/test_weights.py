@@ -12,6 +12,7 @@ import pytest
 
 from jaxrl_sys.models.moe.block import MoEState
 from jaxrl_sys.rollout.weights import io as weights_io
+from jaxrl_sys.rollout.weights import kvstore as ts_kvstore
 from jaxrl_sys.rollout.weights import tensorstore as ts_weights
 from jaxrl_sys.rollout.weights.tensorstore import TensorstoreWeightStore, open_latest
 from jaxrl_sys.rollout.weights import (CorruptWeightsError, MemoryWeightStore,
@@ -183,7 +184,7 @@ def test_damage_is_detected_on_other_kvstores(tmp_path):
   store = TensorstoreWeightStore(url)
   publish(store, 1, tree(1))
   store.wait()
-  kv = ts_weights._kvstore(store.url)
+  kv = ts_kvstore.open_kvstore(store.url)
   m = json.loads(kv["v1/manifest.json"])
   key = "v1/" + next(a["key"] for a in m["arrays"] if a["path"] == "[1].q")
   value = bytearray(kv[key])
@@ -296,18 +297,18 @@ def test_a_store_that_does_not_answer_fails_within_its_deadline(tmp_path, monkey
   """Issue 44: tensorstore retries an unreachable endpoint (gs:// without credentials) for
   minutes; every operation has a deadline, and a failed publish leaves no partial version."""
   import concurrent.futures as cf  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(ts_weights, "REMOTE_TIMEOUT_S", 0.2)
+  monkeypatch.setattr(ts_kvstore, "REMOTE_TIMEOUT_S", 0.2)
 
   class Silent:  # a kvstore whose operations never finish
     def __getattr__(self, name):
       return lambda *a, **k: cf.Future()
-  monkeypatch.setitem(ts_weights._KVSTORES, "gs://nowhere/w/", Silent())
+  monkeypatch.setitem(ts_kvstore._KVSTORES, "gs://nowhere/w/", Silent())
   with pytest.raises(ts_weights.WeightStoreUnreachableError,
                      match=r"gs://nowhere/w/ did not answer within 0.2 s \(reading LATEST\).*"
                            "credentials"):
     TensorstoreWeightStore("gs://nowhere/w")
   # The local operations around the silent write keep a deadline that a loaded machine meets.
-  monkeypatch.setattr(ts_weights, "REMOTE_TIMEOUT_S", 1.0)
+  monkeypatch.setattr(ts_kvstore, "REMOTE_TIMEOUT_S", 1.0)
   store = TensorstoreWeightStore(tmp_path)
   put = store._put
   monkeypatch.setattr(store, "_put", lambda k, v: cf.Future() if k == "v1/a1" else put(k, v))
