@@ -21,136 +21,18 @@ Not run by CI: about 25 minutes on 2 busy CPU cores (62 cases with --rollout).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import re
 import shutil
 import signal
-import socket
-import struct
-import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHAPES = ["--prompts_per_step=4", "--group_size=4", "--micro_batch_groups=16", "--sft_steps=0",
-          "--lr_warmup_steps=0", "--max_new_tokens=4", "--progress=false",
-          f"--compile_cache={os.path.join(REPO, '.jax_cache')}"]
-
-
-def _env() -> dict:
-  env = dict(os.environ)
-  env.setdefault("JAX_PLATFORMS", "cpu")
-  # the test suite's XLA flags: compile-cache entries are keyed on them
-  env["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                      "--xla_backend_optimization_level=0")
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-  return env
-
-
-@dataclasses.dataclass
-class Result:
-  rc: int | None
-  err: str
-  seconds: float
-  timed_out: bool = False
-
-
-def cli(args: list[str], timeout: float = 240, signals: Callable | None = None,
-        env: dict | None = None) -> Result:
-  """Runs the CLI; `signals(proc)` (optional) acts on the running process; `env` adds
-  environment variables."""
-  t0 = time.monotonic()
-  p = subprocess.Popen([sys.executable, "-m", "experiments.grpo", *SHAPES, *args], cwd=REPO,
-                       env=dict(_env(), **(env or {})), stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, text=True)
-  if signals is not None:
-    signals(p)
-  try:
-    _, err = p.communicate(timeout=timeout)
-    return Result(p.returncode, err, time.monotonic() - t0)
-  except subprocess.TimeoutExpired:
-    p.kill()
-    _, err = p.communicate()
-    return Result(None, err, time.monotonic() - t0, timed_out=True)
-
-
-def py(code: str, timeout: float = 60) -> Result:
-  t0 = time.monotonic()
-  try:
-    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True,
-                       text=True, timeout=timeout)
-    return Result(p.returncode, p.stdout + p.stderr, time.monotonic() - t0)
-  except subprocess.TimeoutExpired as e:
-    return Result(None, str(e.stderr or ""), time.monotonic() - t0, timed_out=True)
-
-
-def verdict_of(r: Result, ok: bool, *, error: str | None = None, lost: bool = False) -> str:
-  """The verdict: hang / traceback first, then `lost`, then the expected outcome: a clear
-  error containing `error` (exit 2) when given, else `ok`."""
-  if r.timed_out:
-    return "hang"
-  if "Traceback (most recent call last)" in r.err:
-    return "traceback"
-  if lost:
-    return "data lost"
-  if error is not None:
-    lines = [s for s in r.err.splitlines() if s.startswith("error:")]
-    if r.rc == 2 and lines and re.search(error, r.err) and len(r.err) < 4000:
-      return "clear error"
-    return "silent wrong"
-  return "ok" if ok else "silent wrong"
-
-
-def _rows(out: str) -> list[int]:
-  path = os.path.join(out, "metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  return [json.loads(s)["step"] for s in open(path, encoding="utf-8") if s.strip()]
-
-
-def _ckpts(out: str) -> list[int]:
-  d = os.path.join(out, "checkpoints")
-  if not os.path.isdir(d):
-    return []
-  return sorted(int(s) for s in os.listdir(d) if s.isdigit()
-                and os.path.exists(os.path.join(d, s, "_CHECKPOINT_METADATA")))
-
-
-def _free_port() -> int:
-  """A local TCP port nothing listens on (bound, then released)."""
-  with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    return sock.getsockname()[1]
-
-
-def _tb_purges(tb_dir: str) -> list[int]:
-  """The steps of TensorBoard's purge markers (SessionLog START events) in `tb_dir`'s event
-  files, read as TFRecords (length, crc, payload, crc)."""
-  from tensorboardX.proto.event_pb2 import Event, SessionLog  # pylint: disable=import-outside-toplevel
-  out = []
-  for name in sorted(os.listdir(tb_dir)) if os.path.isdir(tb_dir) else []:
-    data = open(os.path.join(tb_dir, name), "rb").read()
-    i = 0
-    while i + 12 <= len(data):
-      (n,) = struct.unpack("<Q", data[i:i + 8])
-      ev = Event.FromString(data[i + 12:i + 12 + n])
-      i += 16 + n
-      if ev.HasField("session_log") and ev.session_log.status == SessionLog.START:
-        out.append(ev.step)
-  return out
-
-
-def _wait(pred, p, timeout=180) -> bool:
-  t0 = time.monotonic()
-  while time.monotonic() - t0 < timeout and p.poll() is None:
-    if pred():
-      return True
-    time.sleep(0.05)
-  return False
+from fault_cases_rollout import RolloutCases
+from fault_fixtures import write_data, write_hf_dirs
+from fault_lib import Result, _ckpts, _free_port, _rows, _tb_purges, _wait, cli, verdict_of
 
 
 class Cases:
@@ -164,8 +46,8 @@ class Cases:
 
   # ----- flags --------------------------------------------------------------------------------
   def error_cases(self) -> list[tuple[str, list[str], str]]:
-    data = self._data()
-    hf = self._hf_dirs()
+    data = write_data(self.tmp)
+    hf = write_hf_dirs(self.tmp)
     exp = self.d("export_full")
     os.makedirs(exp, exist_ok=True)
     open(os.path.join(exp, "keep.txt"), "w").write("x")
@@ -230,58 +112,6 @@ class Cases:
         ("--export_hf that is a file", [f"--export_hf={data['sums']}", out("e30")],
          "is a file, not a directory"),
     ]
-
-  def _data(self) -> dict[str, str]:
-    sums = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
-    files = {"sums": sums,
-             "long": [{"prompt": f"{i}=" + "9" * 2000, "answer": "1"} for i in range(3)]
-             + [{"prompt": "1=", "answer": "1"}],
-             "huge": sums[:57] + [{"prompt": "1+" * 500_000 + "1=", "answer": "2"}] + sums[57:]}
-    out = {}
-    for name, rows in files.items():
-      out[name] = self.d(f"{name}.jsonl")
-      with open(out[name], "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    out["empty"] = self.d("empty.jsonl")
-    open(out["empty"], "w", encoding="utf-8").close()
-    out["noprompt"] = self.d("noprompt.jsonl")
-    with open(out["noprompt"], "w", encoding="utf-8") as f:
-      f.writelines(json.dumps({"question": f"{i}+1=", "answer": str(i + 1)}) + "\n"
-                   for i in range(8))
-    out["latin1"] = self.d("latin1.jsonl")
-    with open(out["latin1"], "wb") as f:
-      f.write(b'{"prompt": "1+1=", "answer": "2"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
-    return out
-
-  def _hf_dirs(self) -> dict[str, str]:
-    code = f"""
-import json, os, shutil, jax
-from jaxrl_sys import models
-from jaxrl_sys.tasks import CharTokenizer
-from jaxrl_sys.train.recipe.presets import MATH_CHARS
-tok = CharTokenizer(MATH_CHARS)
-c = models.ModelConfig(vocab_size=tok.vocab_size, hidden_size=16, num_layers=1, num_heads=2,
-                       num_kv_heads=1, head_dim=8, intermediate_size=32, max_seq_len=64,
-                       qk_norm=True, architecture="Qwen3ForCausalLM", bos_token_id=tok.bos_id,
-                       eos_token_id=tok.eos_id)
-base = {self.tmp!r}
-for name in ("broken_config", "truncated", "mislabelled"):
-  d = os.path.join(base, "hf_" + name)
-  models.save_hf_checkpoint(d, c, models.init_params(c, jax.random.PRNGKey(0)))
-  for f, text in tok.hf_tokenizer_files().items():
-    open(os.path.join(d, f), "w").write(text)
-p = os.path.join(base, "hf_broken_config", "config.json")
-open(p, "w").write(open(p).read()[:-30])
-p = os.path.join(base, "hf_truncated", "model.safetensors")
-data = open(p, "rb").read(); open(p, "wb").write(data[:len(data) // 2])
-p = os.path.join(base, "hf_mislabelled", "config.json")
-cfg = json.load(open(p)); cfg.update(architectures=["MistralForCausalLM"], model_type="mistral")
-json.dump(cfg, open(p, "w"))
-"""
-    r = py(code, timeout=120)
-    if r.rc != 0:
-      raise RuntimeError(f"could not write the HF fixtures: {r.err[-2000:]}")
-    return {n: self.d("hf_" + n) for n in ("broken_config", "truncated", "mislabelled")}
 
   # ----- runs ---------------------------------------------------------------------------------
   def baseline(self):
@@ -483,117 +313,6 @@ json.dump(cfg, open(p, "w"))
         f"rc {r.rc}, 'Event loop is closed' x{r.err.count('Event loop is closed')}"))
     return got
 
-  # ----- rollout side (another branch) ------------------------------------------------------------
-  def rollout_cases(self, want: Callable[[str], bool] = lambda name: True):
-    got = []
-    if want("RolloutManager([]).poll()"):
-      r = py("from jaxrl_sys.rollout import RolloutManager\n"
-             "print(RolloutManager([]).poll(timeout=5))", timeout=60)
-      got.append(("RolloutManager([]).poll()", verdict_of(r, r.rc == 0 and "[]" in r.err),
-                  f"rc {r.rc} in {r.seconds:.0f} s"))
-    for name, code, exc, error in API_CASES:
-      if want(name):
-        r = py(_api(code, exc), timeout=120)
-        first = next((x for x in r.err.splitlines() if x.startswith("error:")), "")
-        got.append((name, verdict_of(r, False, error=error), f"{first[:100]} ({r.seconds:.0f} s)"))
-    for name, fn in (("--ray_address=auto with no cluster", self.ray_auto),
-                     ("corrupt tensorstore version, Ray workers", self.corrupt_weights_ray)):
-      if want(name):
-        got.append((name, *fn()))
-    return got
-
-  def ray_auto(self):
-    """--ray_address=auto with no cluster: Ray looks in its temp dir (RAY_TMPDIR, here an empty
-    one) and, for "auto", at the machine's gcs_server processes; another user's running cluster
-    would be joined, so the case is skipped then."""
-    import psutil  # pylint: disable=import-outside-toplevel
-    if any("gcs_server" in (p.info["name"] or "") for p in psutil.process_iter(["name"])):
-      return "skipped", "a Ray cluster runs on this machine (another user's): 'auto' would join it"
-    tmp = self.d("ray_tmp")
-    os.makedirs(tmp, exist_ok=True)
-    r = cli(["--rollout=ray", "--ray_address=auto", f"--out_dir={self.d('auto')}"],
-            env={"RAY_TMPDIR": tmp, "RAY_ADDRESS": ""}, timeout=180)
-    first = next((x for x in r.err.splitlines() if x.startswith("error:")), "")
-    return verdict_of(r, False, error=r"could not start or reach Ray \(auto\)"), first[:100]
-
-  def corrupt_weights_ray(self):
-    """Issue 30's case 1: 16 bytes flipped in the largest file of ws/v3 once its manifest
-    appears; the run must recover or stop with a clear error, within the deadline."""
-    out, ws = self.d("ws_run"), self.d("ws")
-    flipped = []
-
-    def act(p):
-      if _wait(lambda: os.path.exists(f"{ws}/v3/manifest.json"), p, timeout=400):
-        # pylint: disable-next=import-outside-toplevel
-        from tests.rollout.manager.test_deadlines import flip_largest_file
-        flipped.append(os.path.basename(flip_largest_file(f"{ws}/v3")))
-    r = cli(["--rollout=ray", "--num_workers=2", "--steps=6", f"--weight_store=tensorstore:{ws}",
-             f"--out_dir={out}"], timeout=500, signals=act)
-    lines = [x for x in r.err.splitlines() if x.startswith("error:")]
-    recovered = r.rc == 0 and _rows(out) == list(range(1, 7))
-    reported = (r.rc in (1, 2) and len(lines) == 1 and "weight version 3" in lines[0]
-                and ws in lines[0])
-    detail = (f"rc {r.rc} in {r.seconds:.0f} s, flipped {flipped}, rows {_rows(out)}, "
-              f"{lines[0][:90] if lines else 'no error line'}")
-    return verdict_of(r, (recovered or reported) and bool(flipped)), detail
-
-
-def _api(code: str, exc: str) -> str:
-  """`code` run so that the expected exception `exc` becomes a one-line `error:` and exit 2
-  (what a user of the API sees as a clear error); any other exception is a traceback."""
-  body = "\n".join("  " + line for line in code.strip().splitlines())
-  return (f"import sys\nfrom jaxrl_sys.rollout import {exc}\ntry:\n{body}\n"
-          f"except {exc} as e:\n  print('error:', str(e).splitlines()[0][:600], file=sys.stderr)\n"
-          "  sys.exit(2)\n")
-
-
-_ROLLOUT_SETUP = """
-import numpy as np, jax, jax.numpy as jnp
-from jaxrl_sys.rollout import InProcessWorker, RolloutManager
-from tests.rollout import common
-"""
-# (name, code, the exception it must raise, the message it must contain)
-API_CASES = [
-    ("poll after submit without publish", _ROLLOUT_SETUP + """
-m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())])
-m.submit(common.make_requests(2))
-m.poll(timeout=30)
-""", "RolloutStalledError", "no weight version was published: call publish"),
-    ("wrong-shaped first publish", _ROLLOUT_SETUP + """
-p = dict(common.params()); p["embed"] = p["embed"][:, :16]
-m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())])
-m.publish(p, 0)
-m.submit(common.make_requests(1))
-m.poll(timeout=60)
-""", "WeightLoadError", r"wrong shape: \['embed'\]"),
-    ("int32 published params", _ROLLOUT_SETUP + """
-p = jax.tree.map(lambda x: x.astype(jnp.int32), common.params())
-m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())])
-m.publish(p, 0)
-m.submit(common.make_requests(1))
-m.poll(timeout=60)
-""", "WeightLoadError", "not floating point"),
-    ("submit with no workers", _ROLLOUT_SETUP + """
-m = RolloutManager([])
-m.publish(common.params(), 0)
-m.submit(common.make_requests(3))
-m.poll(min_count=3, timeout=30)
-""", "RolloutStalledError", "3 requests pending and no workers"),
-    ("corrupt tensorstore version, in-process worker", _ROLLOUT_SETUP + """
-import os, tempfile
-from jaxrl_sys.rollout.weights.tensorstore import TensorstoreWeightStore
-from tests.rollout.manager.test_deadlines import flip_largest_file
-d = tempfile.mkdtemp()
-store = TensorstoreWeightStore(d)
-m = RolloutManager([InProcessWorker("w0", common.CFG, common.engine_config())], store=store)
-m.publish(common.params(), 0)
-store.wait()
-flip_largest_file(os.path.join(d, "v0"))
-m.submit(common.make_requests(2))
-m.poll(timeout=60)
-""", "WeightLoadError", "weight version 0 could not be loaded .*CorruptWeightsError"),
-]
-
 
 def main() -> int:
   ap = argparse.ArgumentParser()
@@ -637,7 +356,7 @@ def main() -> int:
       for row in cases.resume_cases():
         record(*row)
     if args.rollout:
-      for row in cases.rollout_cases(want):
+      for row in RolloutCases(tmp).rollout_cases(want):
         record(*row)
   finally:
     if not args.keep:

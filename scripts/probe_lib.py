@@ -15,8 +15,8 @@ from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # pylint: disable-next=wrong-import-position
-from fault_cases import (REPO, SHAPES, Result, _ckpts, _env, _free_port,  # noqa: E402,F401
-                         _rows, _wait)
+from fault_lib import (REPO, SHAPES, Result, _ckpts, _env, _free_port,  # noqa: E402,F401
+                       _rows, _wait)
 
 GRPO = [sys.executable, "-m", "experiments.grpo"]
 SIM = [sys.executable, "-m", "experiments.spot_sim", "--preset=qwen3-8b", "--settings=rlboost",
