@@ -35,144 +35,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
-import math
 import time
-from typing import Any, Callable
 
-import numpy as np
-
-from benchmarks.algorithms_moe import run_moe
+from benchmarks.algorithms_cells import Cell, cell, fingerprint, reusable, run
+from benchmarks.algorithms_stats import Comparison, collapse_row, compare, fmt
 from benchmarks.common import print_table, write_json
 
 REGIMES = ("mc_grpo", "vcpo", "dapo", "drgrpo", "moe", "collapse")
-# Two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond.
-T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-       2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-       2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 STRESS = dict(mode="async", max_staleness=8, learning_rate=5e-3)  # the issue's stress settings
-
-
-def interval(values) -> tuple[float, float, float]:
-  """(mean, low, high): the mean and its 95% t-interval (NaN bounds for fewer than 2 values)."""
-  x = np.asarray(values, np.float64)
-  m = float(x.mean())
-  if x.size < 2:
-    return m, math.nan, math.nan
-  half = (T95[x.size - 2] if x.size - 1 <= len(T95) else 1.96) * float(x.std(ddof=1)) / math.sqrt(
-      x.size)
-  return m, m - half, m + half
-
-
-def verdict(effect: tuple[float, float, float], delta: float) -> str:
-  """The verdict of an oriented paired effect (mean, low, high); see the module docstring."""
-  _, lo, hi = effect
-  if math.isnan(lo):
-    return "not measurable at this scale (one seed)"
-  if lo > 0:
-    return "reproduced"
-  if hi < 0:
-    return "not reproduced (reversed)"
-  if -delta < lo and hi < delta:
-    return f"not reproduced (no effect >= {delta:g})"
-  return "not measurable at this scale"
-
-
-# ----- one RL run -------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Cell:
-  """One configuration: `settings` for `RecipeConfig`, an optional task factory, loss-config
-  overrides (applied to the built recipe), and whether to record each sample's length."""
-  name: str
-  settings: tuple
-  task: Callable[[], Any] | None = None
-  loss: tuple = ()
-  lengths: bool = False
-
-
-def cell(name, task=None, loss=None, lengths=False, **settings) -> Cell:
-  return Cell(name, tuple(sorted(settings.items())), task, tuple(sorted((loss or {}).items())),
-              lengths)
-
-
-class LengthLog:
-  """Wraps a task; records (reward, completion length in characters) of each scored sample."""
-
-  def __init__(self, task):
-    self.task, self.name, self.log = task, task.name, []
-
-  def problem(self, index):
-    return self.task.problem(index)
-
-  def reward(self, problem, completion):
-    r = self.task.reward(problem, completion)
-    self.log.append((float(r), len(completion)))
-    return r
-
-
-class _Notes(logging.Handler):
-  """Collects the run's collapse notes (the loop reports them through its progress log)."""
-
-  def __init__(self):
-    super().__init__(logging.INFO)
-    self.notes = []
-
-  def emit(self, record):
-    msg = record.getMessage()
-    if msg.startswith("policy collapse"):
-      self.notes.append(msg)
-
-
-def run_cell(c: Cell, seed: int) -> dict:
-  """Trains `c` with `seed`; returns its measures (scalars) and curves (lists)."""
-  from jaxrl_sys.train.loop.collapse import collapse_onset  # pylint: disable=import-outside-toplevel
-  from jaxrl_sys.train.recipe import RecipeConfig, build_recipe, run_recipe  # pylint: disable=import-outside-toplevel
-  settings = dict(c.settings)
-  task = LengthLog(c.task()) if c.lengths else (c.task() if c.task else None)
-  recipe = build_recipe(RecipeConfig(progress=False, seed=seed, **settings), task=task)
-  if c.lengths:  # held-out prompts of the same task, unlogged: the length log is training's
-    recipe.eval_task = c.task()
-  if c.loss:  # a loss variant the flags do not offer (DAPO's clip range): nothing derives from it
-    train = recipe.plan.train
-    recipe.plan = dataclasses.replace(recipe.plan, train=dataclasses.replace(
-        train, loss=dataclasses.replace(train.loss, **dict(c.loss))))
-  logger = logging.getLogger("jaxrl_sys.train.loop.metrics_log")
-  handler, level, propagate = _Notes(), logger.level, logger.propagate
-  logger.addHandler(handler)
-  logger.setLevel(logging.INFO)
-  logger.propagate = False  # the notes are collected here, not printed once per run
-  t0 = time.perf_counter()
-  try:
-    hist = run_recipe(recipe, messages=False).run.history
-  finally:
-    logger.removeHandler(handler)
-    logger.setLevel(level)
-    logger.propagate = propagate
-  curve = lambda k: [float(h.get(k, math.nan)) for h in hist]  # noqa: E731
-  tail = max(len(hist) // 5, 1)
-  onset = collapse_onset(hist)
-  out = {"seed": seed, "seconds": time.perf_counter() - t0,
-         "eval_reward": float(hist[-1].get("eval_reward", math.nan)),
-         "reward_last": float(np.mean(curve("reward_mean")[-tail:])),
-         "entropy_last": float(np.mean(curve("entropy")[-tail:])),
-         "clip_frac_max": float(np.max(curve("clip_frac"))),
-         "clip_frac_mean": float(np.mean(curve("clip_frac"))),
-         "clip_frac_high_mean": float(np.mean(curve("clip_frac_high"))),
-         "staleness_mean": float(np.mean(curve("staleness_mean"))),
-         "lr_scale_mean": float(np.mean(curve("lr_scale"))),
-         "collapse_step": None if onset is None else onset.index + 1,
-         "collapse_notes": len(handler.notes),
-         "entropy": curve("entropy"), "reward": curve("reward_mean"),
-         "response_len": curve("response_len_mean"), "clip_frac": curve("clip_frac")}
-  if c.lengths:
-    log = np.asarray(task.log, np.float64).reshape(-1, 2)
-    n = len(log) // 5
-    first, last = log[:n], log[-n:]
-    wrong = lambda part: float(part[part[:, 0] <= 0, 1].mean())  # noqa: E731
-    right = lambda part: float(part[part[:, 0] > 0, 1].mean())  # noqa: E731
-    out.update(incorrect_len_first=wrong(first), incorrect_len_last=wrong(last),
-               correct_len_last=right(last), incorrect_len_drift=wrong(last) - wrong(first))
-  return out
 
 
 # ----- the regimes ------------------------------------------------------------------------------
@@ -207,21 +77,6 @@ def sizes(quick: bool) -> Sizes:
                drgrpo_steps=100, moe_steps=300, moe_batch=(16, 65), collapse_steps=None,
                collapse_prompts=None, collapse_seeds=5)
 
-
-@dataclasses.dataclass(frozen=True)
-class Comparison:
-  """Claim: arm `b` beats arm `a` on `metric` (higher if `sign` > 0, lower if < 0) by more than
-  `delta` (the smallest effect of interest). `inactive(a_runs, b_runs)` names a reason the
-  mechanism cannot act in these runs (verdict "not measurable"), or None."""
-  regime: str
-  claim: str
-  setting: str
-  metric: str
-  a: Cell
-  b: Cell
-  sign: int
-  delta: float
-  inactive: Callable[[list, list], str | None] | None = None
 
 
 def _dapo_inactive(a_runs, b_runs) -> str | None:
@@ -325,74 +180,6 @@ def collapse_cells(s: Sizes, quick: bool) -> list[Cell]:
   return cells + [cell("quick-start defaults", **size)]
 
 
-def fingerprint(c: Cell) -> str:
-  """What a cell's runs depend on besides the seed (`--merge` reuses runs only when it
-  matches)."""
-  return repr((c.settings, c.loss, c.lengths))
-
-
-def reusable(prev: dict | None, c: Cell, seeds: int) -> list | None:
-  """The runs of `c` in a previous results payload, if they were made with the same settings
-  and number of seeds; None otherwise."""
-  if prev is None or len(prev["runs"].get(c.name, ())) != seeds:
-    return None
-  made = prev.get("cells", {}).get(c.name)  # files written before fingerprints: by name
-  return prev["runs"][c.name] if made in (None, fingerprint(c)) else None
-
-
-def run(c: Cell, seed: int) -> dict:
-  settings = dict(c.settings)
-  if settings.get("kind") == "moe":
-    return run_moe(settings["balancing"], seed, settings["steps"], settings["batch"])
-  return run_cell(c, seed)
-
-
-# ----- the table ---------------------------------------------------------------------------------
-def _fmt(m: tuple[float, float, float], digits: int = 3) -> str:
-  mean, lo, hi = m
-  if math.isnan(lo):
-    return f"{mean:.{digits}f}"
-  return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
-
-
-def compare(c: Comparison, runs: dict) -> dict:
-  """The table row of `c` from the per-seed runs of its arms (paired by seed)."""
-  a_runs, b_runs = runs[c.a.name], runs[c.b.name]
-  a = np.array([r[c.metric] for r in a_runs])
-  b = np.array([r[c.metric] for r in b_runs])
-  effect = interval(c.sign * (b - a))
-  reason = c.inactive(a_runs, b_runs) if c.inactive else None
-  row = {"regime": c.regime, "claim": c.claim, "setting": c.setting, "metric": c.metric,
-         "A": c.a.name, "B": c.b.name, "A_mean_ci": interval(a), "B_mean_ci": interval(b),
-         "effect_ci": effect, "delta": c.delta,
-         "verdict": reason or verdict(effect, c.delta), "seeds": len(a),
-         "A_values": a.tolist(), "B_values": b.tolist()}
-  if "collapse_step" in a_runs[0]:
-    row["collapsed"] = [sum(r["collapse_step"] is not None for r in x) for x in (a_runs, b_runs)]
-    if row["collapsed"] == [len(a), len(b)]:
-      row["verdict"] += " (both arms collapse in every seed)"
-  if c.regime == "vcpo":
-    row["staleness_mean"] = float(np.mean([r["staleness_mean"] for r in a_runs + b_runs]))
-    row["B_lr_scale_mean"] = float(np.mean([r["lr_scale_mean"] for r in b_runs]))
-  if c.regime == "dapo":  # the clip binds: the share of tokens clipped, mean over the steps
-    row["clip_frac_mean"] = [float(np.mean([r["clip_frac_mean"] for r in x]))
-                             for x in (a_runs, b_runs)]
-    row["clip_frac_high_mean"] = [float(np.mean([r["clip_frac_high_mean"] for r in x]))
-                                  for x in (a_runs, b_runs)]
-    row["eval_reward"] = [interval([r["eval_reward"] for r in x]) for x in (a_runs, b_runs)]
-    row["entropy_curve_max_abs_diff"] = float(max(
-        np.max(np.abs(np.subtract(x["entropy"], y["entropy"]))) for x, y in zip(a_runs, b_runs)))
-  return row
-
-
-def collapse_row(c: Cell, runs: list) -> dict:
-  steps = [r["collapse_step"] for r in runs]
-  return {"run": c.name, "settings": dict(c.settings), "seeds": len(runs),
-          "note_fired": sum(r["collapse_notes"] > 0 for r in runs),
-          "rule_fired": sum(s is not None for s in steps), "onset_steps": steps,
-          "notes_per_run": [r["collapse_notes"] for r in runs],
-          "reward_last": interval([r["reward_last"] for r in runs]),
-          "entropy_last": interval([r["entropy_last"] for r in runs])}
 
 
 def main(argv=None) -> dict:
@@ -461,9 +248,9 @@ def main(argv=None) -> dict:
   collapse = [collapse_row(c, runs[c.name]) for c in col]
   if rows:
     print_table([{"regime": r["regime"], "claim": r["claim"], "metric": r["metric"],
-                  "A": r["A"], "A mean [95% CI]": _fmt(r["A_mean_ci"]), "B": r["B"],
-                  "B mean [95% CI]": _fmt(r["B_mean_ci"]),
-                  "effect as claimed [95% CI]": _fmt(r["effect_ci"]),
+                  "A": r["A"], "A mean [95% CI]": fmt(r["A_mean_ci"]), "B": r["B"],
+                  "B mean [95% CI]": fmt(r["B_mean_ci"]),
+                  "effect as claimed [95% CI]": fmt(r["effect_ci"]),
                   "collapsed A/B": "/".join(map(str, r.get("collapsed", []))) or "-",
                   "verdict": r["verdict"]} for r in rows])
   for r in rows:
@@ -471,12 +258,12 @@ def main(argv=None) -> dict:
       print(f"{r['A']} / {r['B']}: clip fraction {r['clip_frac_mean'][0]:.3f} / "
             f"{r['clip_frac_mean'][1]:.3f} of tokens (upper clip {r['clip_frac_high_mean'][0]:.3f}"
             f" / {r['clip_frac_high_mean'][1]:.3f}), held-out accuracy "
-            f"{_fmt(r['eval_reward'][0])} / {_fmt(r['eval_reward'][1])}")
+            f"{fmt(r['eval_reward'][0])} / {fmt(r['eval_reward'][1])}")
   if collapse:
     print_table([{"run": r["run"], "seeds": r["seeds"], "note fired": r["note_fired"],
                   "rule fired": r["rule_fired"], "onset steps": r["onset_steps"],
-                  "reward last [95% CI]": _fmt(r["reward_last"]),
-                  "entropy last [95% CI]": _fmt(r["entropy_last"])} for r in collapse])
+                  "reward last [95% CI]": fmt(r["reward_last"]),
+                  "entropy last [95% CI]": fmt(r["entropy_last"])} for r in collapse])
   total = {"wall_s": time.perf_counter() - t_all, "cpu_s": time.process_time() - c_all}
   print(f"total: {total['wall_s']:.0f}s wall, {total['cpu_s']:.0f}s cpu", flush=True)
   if reused:

@@ -38,20 +38,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 
 from jaxrl_sys.models import init_params, lora
 from jaxrl_sys.rollout.clock import WALL, Clock
 from jaxrl_sys.rollout.types import RolloutSession
 from jaxrl_sys.rollout.weights import BaseWeights
-from jaxrl_sys.rollout.wire import request_to_json
 from jaxrl_sys.train.multihost import collectives as multihost
 from jaxrl_sys.train.loop.buffer import RolloutBuffer
 from jaxrl_sys.train.loop.collapse import CollapseWatch
-from jaxrl_sys.train.loop.checkpoint import Checkpointer, CheckpointsUnreadable
+from jaxrl_sys.train.loop.checkpoint import Checkpointer
 from jaxrl_sys.train.loop.config import CheckpointConfig
 from jaxrl_sys.train.loop.groups import group_requests
 from jaxrl_sys.train.loop.guard import DivergenceGuard
@@ -61,8 +59,10 @@ from jaxrl_sys.train.loop.metrics_log import (SUMMED_COUNTS, MetricsLogger, Prog
                                               train_flops_per_token)
 from jaxrl_sys.train.loop.plan import RunPlan
 from jaxrl_sys.train.loop.process_group import ProcessGroup
+from jaxrl_sys.train.loop.publish import publish, rollout_base
+from jaxrl_sys.train.loop.resume import (  # UnreadableCheckpointsError: re-exported
+    Resumable, UnreadableCheckpointsError, host_state, load_host_state, restore)  # noqa: F401
 from jaxrl_sys.train.loop.stop_signals import StopSignals
-from jaxrl_sys.train.precision import rollout_weights
 from jaxrl_sys.train.step.programs import TrainPrograms
 from jaxrl_sys.train.step.state import (TrainState, init_train_state, place_base,
                                         state_shardings, with_shardings)
@@ -81,32 +81,6 @@ class RunResult:
   preempted: bool
   resumed_from: int | None
   stop_signal: str | None = None
-
-
-class UnreadableCheckpointsError(ValueError):
-  """`--resume` found checkpoints, and none of them can be read."""
-
-
-def _copy(tree):
-  return jax.tree.map(jnp.copy, tree)
-
-
-def _weights(state: TrainState, rollout_dtype: str, mesh=None):
-  """The parameters in the rollout dtype (masters already in it go as they are: the train step
-  does not donate them, so the in-memory store shares them with the engine) and a copy of the
-  MoE state (donated). With `mesh` (one spanning several processes): this process's local view
-  of both, for its own engine."""
-  params, moe = rollout_weights(state.params, rollout_dtype), _copy(state.moe_state)
-  return (params, moe) if mesh is None else multihost.localize((params, moe), mesh)
-
-
-class Resumable(Protocol):
-  """A part of the run's host state owned by a hook (e.g. the offload controller): saved with
-  every checkpoint under its key, restored (None for a fresh run) before the first step."""
-
-  def state_dict(self) -> dict: ...
-
-  def load_state_dict(self, state: dict | None) -> None: ...
 
 
 StepHook = Callable[[int, TrainState, dict], None]
@@ -201,31 +175,12 @@ class RLLoop:
     if self.resume and self.ckpt is not None:
       target = with_shardings(self.abstract, state_shardings(
           self.abstract, self.plan.train_model, self.optimizer, self.mesh, self.rules))
-      try:
-        got = self.ckpt.restore(target)
-      except CheckpointsUnreadable as e:
-        raise UnreadableCheckpointsError(
-            f"nothing can be resumed: every checkpoint in {self.ckpt.directory} is unreadable:\n"
-            + "\n".join(f"  {n}" for n in e.notes) + "\nNothing was moved or deleted. To start "
-            "the run again from scratch, pass --overwrite instead of --resume (deletes the run "
-            "directory's outputs, its checkpoints/ included), or give another --out_dir / "
-            "--checkpoint_dir") from None
-      if got is not None and got.step > self.lc.steps:
-        raise ValueError(
-            f"--steps={self.lc.steps} is below step {got.step}, where the resumed run stands "
-            f"({self.ckpt.directory}); give --steps above {got.step} to train further")
+      got = restore(self.ckpt, target, steps=self.lc.steps,
+                    samples_per_group=self.plan.samples_per_group,
+                    message=self.progress.message)
       if got is not None:
-        host = got.host
-        samples = self.plan.samples_per_group
-        if host.get("samples_per_group") not in (None, samples):
-          raise ValueError(f"checkpoint has {host['samples_per_group']} samples per group, this "
-                           f"run {samples}; resume with the same --group_size / --algo")
-        for note in got.skipped:
-          self.progress.message(f"warning: {note}")
-        self.progress.message(f"resumed from step {got.step} ({self.ckpt.directory})")
-        return got.state._replace(base=base), host, got.step
-      self.progress.message(f"nothing to resume: {self.ckpt.directory} holds no checkpoint; "
-                            "starting a fresh run")
+        state, host, step = got
+        return state._replace(base=base), host, step
     elif self.resume:
       self.progress.message("nothing to resume: no checkpoint directory; starting a fresh run")
     if self.ckpt is not None and not self.resume and self.ckpt.all_steps():
@@ -241,17 +196,10 @@ class RLLoop:
     return state, {"next_prompt": 0, "accepted": 0}, None
 
   def _host_state(self, buffer: RolloutBuffer) -> dict:
-    """The loop's host state; the client's in-flight token state (`snapshot()`) is saved as
-    partial requests, which a resumed run resubmits first; each resumable hook's under its
-    key."""
-    data = buffer.to_json()
-    data["partials"] = data["partials"] + [request_to_json(r) for r in self.client.snapshot()]
-    out = {"next_prompt": self.next_prompt, "accepted": self.accepted,
-           "samples_per_group": self.plan.samples_per_group, "seed": self.lc.seed,
-           "buffer": data}
-    for key, part in self.resumables.items():
-      out[key] = part.state_dict()
-    return out
+    """The loop's host state (`resume.host_state`), saved with every checkpoint."""
+    return host_state(self.client, buffer, self.resumables, next_prompt=self.next_prompt,
+                      accepted=self.accepted, samples_per_group=self.plan.samples_per_group,
+                      seed=self.lc.seed)
 
   # ----- rollout -----------------------------------------------------------------------------
   def _admit(self, buffer: RolloutBuffer, version: int) -> None:
@@ -317,11 +265,8 @@ class RLLoop:
       self._close()
       raise
     self.logger.keep_until(int(jax.device_get(state.step)))  # replayed steps are rewritten
-    self.next_prompt, self.accepted = int(host["next_prompt"]), int(host["accepted"])
-    buffer = (RolloutBuffer.from_json(host["buffer"]) if "buffer" in host
-              else RolloutBuffer(self.plan.samples_per_group))
-    for key, part in self.resumables.items():
-      part.load_state_dict(host.get(key))
+    self.next_prompt, self.accepted, buffer = load_host_state(
+        host, self.plan.samples_per_group, self.resumables)
     step = int(jax.device_get(state.step))
     client = self.client
     self._publish(state, step)
@@ -385,24 +330,17 @@ class RLLoop:
     """Publishes the parameters in the rollout dtype and the MoE state as `version` (several
     processes: this process's local view of both, for its own engine); with LoRA the adapters,
     naming the base (`_rollout_base`). Returns the bytes of the version (the base excluded)."""
-    params, moe = _weights(state, self.plan.precision.rollout_dtype,
-                           self.mesh if self.multi else None)
-    base = self._rollout_base(state)
-    if base is None:
-      self.client.publish(params, version, moe)
-    else:
-      self.client.publish(params, version, moe, base=base)
-    return lora.nbytes((params, moe))
+    return publish(self.client, state, version, self.plan.precision.rollout_dtype,
+                   self.mesh if self.multi else None, self._rollout_base(state))
 
   def _rollout_base(self, state: TrainState) -> BaseWeights | None:
     """LoRA: the base as published to the engines (the rollout dtype; cast once per run)."""
     if state.base is None:
       return None
     if self._base_weights is None or self._base_weights[0] is not state.base:
-      arrays = rollout_weights(state.base, self.plan.precision.rollout_dtype)
-      if self.multi:
-        arrays = multihost.localize(arrays, self.mesh)
-      self._base_weights = (state.base, BaseWeights(self.base_digest, arrays))
+      weights = rollout_base(state.base, self.base_digest, self.plan.precision.rollout_dtype,
+                             self.mesh if self.multi else None)
+      arrays, self._base_weights = weights.params, (state.base, weights)
       adapters, base_bytes = lora.nbytes(state.params), lora.nbytes(state.base)
       self.progress.message(
           f"LoRA: base {self.base_digest} ({lora.nbytes(arrays) / 2**20:.1f} MiB) published "
