@@ -4,7 +4,8 @@
     python -m benchmarks.gpu --only kernels  # one section: kernels | decode | train | features
     python -m benchmarks.gpu --quick         # tiny shapes, seconds on CPU (in the test suite)
     python -m benchmarks.gpu --only decode --profile /tmp/trace   # + per-op time of decode
-    python -m benchmarks.gpu --only tune     # sweep token_chunk, tile_rows, Pallas gmm tiles
+    python -m benchmarks.gpu --only tune     # sweep token_chunk, backward_vocab_chunk,
+                                             # tile_rows, Pallas gmm tiles
 
 Two models built from configs with random bf16 weights (no download): a Qwen2.5-0.5B shape
 (hidden 896, 24 layers, 14/2 heads, mlp 4864, vocab 151936, tied) and a Qwen3-MoE shape (hidden
@@ -180,6 +181,14 @@ def _pallas_ok(with_pallas: bool) -> bool:
   return with_pallas or backend.platform() == "gpu"
 
 
+# The token path's backward over vocabulary chunks (`fused_logprobs(backward_vocab_chunk=)`): at
+# T=8192 a chunk's `[T, c]` float32 logits are 256 MiB, as the forward's auto token chunk. The
+# token-chunk backward reads and writes its `[d, V]` float32 d_unembed accumulator once per token
+# chunk (2 x 544 MiB x 32 chunks at the shape, ~10 ms of HBM traffic on an H100); this
+# one computes each column once and accumulates only d_hidden `[T, d]`.
+VOCAB_BWD_CHUNK = 8192
+
+
 def kernel_section(s: Sizes, with_pallas: bool) -> Iterator[dict]:
   key = jax.random.PRNGKey(0)
   # Fused log-probs.
@@ -190,6 +199,9 @@ def kernel_section(s: Sizes, with_pallas: bool) -> Iterator[dict]:
   impls = [i for i in backend.KERNELS["fused_logprobs"] if i != "pallas" or _pallas_ok(with_pallas)]
   variants = {"naive": lambda h, w, y: kernels.logprobs_reference(h, w, y)}
   variants |= {i: functools.partial(kernels.fused_logprobs, impl=i) for i in impls}
+  if "xla_tokens" in impls:   # a candidate: token-chunk forward, vocabulary-chunk backward
+    variants[f"xla_tokens vocab-bwd {VOCAB_BWD_CHUNK}"] = functools.partial(
+        kernels.fused_logprobs, impl="xla_tokens", backward_vocab_chunk=VOCAB_BWD_CHUNK)
   yield from _kernel_rows("fused_logprobs", f"T{t} d{d} V{v} bf16", variants, (h, w, y),
                           2 * t * d * v, "naive", backend.kernel_impl("fused_logprobs"), s)
   # Flash attention (causal, no padding).
@@ -234,6 +246,7 @@ def kernel_section(s: Sizes, with_pallas: bool) -> Iterator[dict]:
 GMM_TILINGS = ((64, 64, 64), (128, 64, 64), (128, 64, 128), (128, 128, 128), (64, 128, 128),
                (256, 64, 128))
 TOKEN_CHUNKS = (128, 256, 512, 1024, 2048)
+VOCAB_BWD_CHUNKS = (2048, 4096, 8192, 16384)
 TILE_ROWS = (128, 256, 512, 1024)
 
 
@@ -250,6 +263,9 @@ def tune_section(s: Sizes) -> Iterator[dict]:
   cases = [("fused_logprobs", f"token_chunk={c}", (h, w, y),
             functools.partial(kernels.fused_logprobs, impl="xla_tokens", token_chunk=c))
            for c in TOKEN_CHUNKS if c <= t]
+  cases += [("fused_logprobs", f"backward_vocab_chunk={c}", (h, w, y),
+             functools.partial(kernels.fused_logprobs, impl="xla_tokens", backward_vocab_chunk=c))
+            for c in VOCAB_BWD_CHUNKS if c <= v]
   cases += [("grouped_matmul", f"xla_tiled tile_rows={r}", (x, wt),
              lambda x, w, r=r: kernels.grouped_matmul(x, w, sizes_, impl="xla_tiled", tile_rows=r))
             for r in TILE_ROWS if r <= m]

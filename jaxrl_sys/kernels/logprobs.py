@@ -77,8 +77,13 @@ def logprobs_xla_stats(hidden, unembed, targets, *, temperature: float, chunk_si
 
 
 def logprobs_xla_grads(hidden, unembed, targets, logz, mean, g_lp, g_ent, *, temperature: float,
-                       chunk_size: int):
-  """Chunked backward (plain XLA): recomputes each chunk's logits.
+                       chunk_size: int, gemm_dtype=None):
+  """Chunked backward (plain XLA): recomputes each chunk's logits. Each column chunk of
+  d_unembed is computed once (a GEMM contracting all tokens); d_hidden accumulates.
+
+  `gemm_dtype`: None runs the two gradient GEMMs in float32; a dtype (the inputs' own, bf16 on
+  GPU) casts `dl` and the GEMM inputs to it, accumulating in float32, as autodiff of the naive
+  path does (the token path's backward with `backward_vocab_chunk`).
 
   Returns:
     (d_hidden `[tokens, d]` float32, d_unembed `[d, vocab]` in unembed.dtype).
@@ -86,6 +91,8 @@ def logprobs_xla_grads(hidden, unembed, targets, logz, mean, g_lp, g_ent, *, tem
   vocab = unembed.shape[1]
   inv_t = 1.0 / temperature
   chunk = min(chunk_size, vocab)
+  gd = f32 if gemm_dtype is None else gemm_dtype
+  hidden_g = hidden.astype(gd)
 
   def fn(w, start, carry):
     dh, dw = carry
@@ -93,9 +100,11 @@ def logprobs_xla_grads(hidden, unembed, targets, logz, mean, g_lp, g_ent, *, tem
     p = jnp.exp(logits - logz[:, None])
     onehot = (targets - start)[:, None] == jnp.arange(w.shape[1])[None, :]
     dl = g_lp[:, None] * (onehot - p) - g_ent[:, None] * p * (logits - mean[:, None])
-    dz = dl * inv_t
-    dh = dh + jnp.dot(dz, w.astype(f32).T, preferred_element_type=f32)
-    dw_c = jnp.dot(hidden.astype(f32).T, dz, preferred_element_type=f32).astype(dw.dtype)
+    dz = (dl * inv_t).astype(gd)
+    dh = dh + lax.dot_general(dz, w.astype(gd), (((1,), (1,)), ((), ())),
+                              preferred_element_type=f32)
+    dw_c = lax.dot_general(hidden_g, dz, (((0,), (0,)), ((), ())),
+                           preferred_element_type=f32).astype(dw.dtype)
     return dh, lax.dynamic_update_slice_in_dim(dw, dw_c, start, axis=1)
 
   init = (jnp.zeros(hidden.shape, f32), jnp.zeros(unembed.shape, unembed.dtype))
@@ -118,7 +127,8 @@ def _fused(hidden, unembed, targets, temperature, chunk_size, plan):
 
 
 def _fused_fwd(hidden, unembed, targets, temperature, chunk_size, plan):
-  """`plan`: a `logprobs_pallas.Config` (Pallas), ("tokens", token_chunk), or None (XLA)."""
+  """`plan`: a `logprobs_pallas.Config` (Pallas), ("tokens", token_chunk, backward_vocab_chunk),
+  or None (XLA)."""
   if isinstance(plan, logprobs_pallas.Config):
     logp, ent, logz, mean = logprobs_pallas.forward(hidden, unembed, targets,
                                                     temperature=temperature, cfg=plan)
@@ -137,6 +147,10 @@ def _fused_bwd(temperature, chunk_size, plan, res, cot):
   if isinstance(plan, logprobs_pallas.Config):
     dh, dw = logprobs_pallas.backward(hidden, unembed, targets, logz, mean, g_lp, g_ent,
                                       temperature=temperature, cfg=plan)
+  elif plan is not None and plan[2]:   # token-chunk forward, vocabulary-chunk backward
+    dh, dw = logprobs_xla_grads(hidden, unembed, targets, logz, mean, g_lp, g_ent,
+                                temperature=temperature, chunk_size=plan[2],
+                                gemm_dtype=jnp.promote_types(hidden.dtype, unembed.dtype))
   elif plan is not None:
     dh, dw = logprobs_tokens.backward(hidden, unembed, targets, logz, mean, g_lp, g_ent,
                                       temperature=temperature, token_chunk=plan[1])
@@ -152,7 +166,8 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 def fused_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
                    temperature: float = 1.0, chunk_size: int = 1024, impl: str = "auto",
                    interpret: bool | None = None, block_tokens: int = 64, block_vocab: int = 128,
-                   block_d: int = 64, token_chunk: int = 0) -> tuple[jax.Array, jax.Array]:
+                   block_d: int = 64, token_chunk: int = 0,
+                   backward_vocab_chunk: int = 0) -> tuple[jax.Array, jax.Array]:
   """Log-probability of each target and entropy of softmax(hidden @ unembed / temperature).
 
   Never materialises `[tokens, vocab]` logits. Differentiable w.r.t. `hidden` and `unembed`
@@ -173,6 +188,10 @@ def fused_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
     block_d: Pallas tile over the hidden dimension (power of two).
     token_chunk: tokens per chunk of the "xla_tokens" path (0: `[chunk, vocab]` float32 logits
       of at most 256 MiB, `logprobs_tokens.auto_token_chunk`).
+    backward_vocab_chunk: "xla_tokens" only: 0 runs the backward over the same token chunks
+      (a `[d, vocab]` float32 d_unembed accumulator read and written per chunk); > 0 runs it
+      over vocabulary chunks of this many columns (`logprobs_xla_grads` with GEMMs in the
+      inputs' dtype: each d_unembed column computed once, a `[tokens, d]` accumulator).
 
   Returns:
     (logprobs `[tokens]` float32, entropy `[tokens]` float32).
@@ -188,11 +207,14 @@ def fused_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
     raise ValueError(f"temperature must be > 0, got {temperature}")
   if token_chunk < 0:
     raise ValueError(f"token_chunk must be >= 0 (0 = auto), got {token_chunk}")
+  if backward_vocab_chunk < 0:
+    raise ValueError(f"backward_vocab_chunk must be >= 0 (0 = token chunks), got "
+                     f"{backward_vocab_chunk}")
   plan = None
   which = backend.kernel_impl("fused_logprobs", impl)
   if which == "pallas":
     plan = logprobs_pallas.Config(block_tokens, block_vocab, block_d,
                                   dispatch.resolve_interpret(interpret))
   elif which == "xla_tokens":
-    plan = ("tokens", int(token_chunk))
+    plan = ("tokens", int(token_chunk), int(backward_vocab_chunk))
   return _fused(hidden, unembed, targets.astype(jnp.int32), temperature, int(chunk_size), plan)

@@ -60,6 +60,20 @@ def test_goal_edges():
                  "agentic episodes": "n/a"}
 
 
+def test_a_faster_fused_path_than_auto_is_named():
+  """A fused log-probs path faster than auto gets its own line: "make it auto" when it meets
+  the goal (the auto line still says NO), "reported" when it does not."""
+  k = dict(section="kernel", name="fused_logprobs", shape="T8 d4 V16")
+  rows = [k | dict(impl="naive", auto="", fwdbwd_ms=10.0, fwdbwd_temp_mib=80.0),
+          k | dict(impl="xla_tokens", auto="<- auto", fwdbwd_ms=12.0, fwdbwd_temp_mib=5.0),
+          k | dict(impl="xla_tokens vocab-bwd 8", auto="", fwdbwd_ms=9.0, fwdbwd_temp_mib=6.0)]
+  got = _met(gpu_summary.check(rows))
+  assert got["fused log-probs fwd+bwd"] == "NO"
+  assert got["fused log-probs: fastest fused path"] == "make it auto"
+  rows[2]["fwdbwd_temp_mib"] = 20.0                   # faster than auto, but over 1/8 of naive
+  assert _met(gpu_summary.check(rows))["fused log-probs: fastest fused path"] == "reported"
+
+
 def _agentic(latency, speedup, of_bound, shape="64 ep"):
   return dict(section="agentic", impl=f"tool latency {latency}", shape=shape,
               tool_latency=latency, speedup=speedup, of_bound=of_bound, async_ep_per_s=20.0,
