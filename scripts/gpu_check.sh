@@ -8,6 +8,9 @@
 #
 #   bash scripts/gpu_check.sh                        # decode train kernels suite features
 #   STAGES="decode train" bash scripts/gpu_check.sh  # some stages only
+#   STAGES=tune bash scripts/gpu_check.sh            # the knob sweeps (`benchmarks.gpu --only
+#                                                    # tune`: token / backward vocabulary chunks
+#                                                    # of the log-probs, gmm tiles), not default
 #   GPU_CHECK_ARGS=--quick PYTHON=.venv/bin/python STAGES="decode train" bash scripts/gpu_check.sh
 #                                                    # (tiny shapes: a smoke run on a CPU)
 #
@@ -26,7 +29,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 BUDGET=${GPU_CHECK_BUDGET_S:-270}
 read -r -a stages <<<"${STAGES:-decode train kernels suite features}"
-declare -A RESERVE=([decode]=60 [train]=80 [kernels]=50 [suite]=60 [features]=0)
+declare -A RESERVE=([decode]=60 [train]=80 [kernels]=50 [suite]=60 [features]=0 [tune]=0)
 export PYTHONUNBUFFERED=1
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jaxrl_gpu_jax_cache}
 stamp=$(date -u +%Y%m%d_%H%M%S)
@@ -39,7 +42,7 @@ status=()
 
 for stage in "${stages[@]}"; do
   if [ -z "${RESERVE[$stage]+x}" ]; then
-    echo "unknown stage '$stage' in STAGES: use decode, train, kernels, features, suite" >&2
+    echo "unknown stage '$stage' in STAGES: use decode, train, kernels, features, suite, tune" >&2
     exit 2
   fi
 done
