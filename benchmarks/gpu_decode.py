@@ -5,10 +5,11 @@ per step at the device's bandwidth) over the measured step, and what the compile
 runs per step (`benchmarks.hlo_stats.per_step` of the very program `generate` runs: the
 compile is shared): kernels, copies and the MiB they write, slice fusions, in-place updates.
 
-On a GPU (not --quick) the first batch is also compiled with each of `XLA_VARIANTS` (XLA
-options that may remove the per-step copies of stacked weights / KV-cache slices the profile
-showed: 34% of GPU time, 714 kernels per step on an H100) and timed the same way, beside the
-default program timed again, so the rows compare within one process.
+On a GPU (not --quick), after every batch's row, the first batch is also compiled with each of
+`XLA_VARIANTS` (XLA options that may remove the per-kernel launches of a step, one CUDA graph
+per call, or the per-step copies of stacked weights / KV-cache slices the profile showed: 34% of
+GPU time, 714 kernels per step on an H100) and timed the same way, beside the default program
+timed again, so the rows compare within one process.
 """
 from __future__ import annotations
 
@@ -24,10 +25,19 @@ from jaxrl_sys import backend, models
 from jaxrl_sys.models import sampling as sampling_lib
 
 MiB = 2 ** 20
-# (name, XLA compile options) tried on a GPU; an option this XLA does not know is a row error.
+# (name, XLA compile options) tried on a GPU, most promising first (the stage's time limit may
+# cut the last); an option this XLA does not know is a row error.
+CUDA_GRAPHS = {  # the whole step loop (nested while loops included) recorded as one CUDA graph
+    "xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUDNN,CUSTOM_CALL,CONDITIONAL,WHILE",
+    "xla_gpu_graph_min_graph_size": 1}
+SLICE_FUSION = {"xla_gpu_enable_dynamic_slice_fusion": True}
 XLA_VARIANTS = (
+    # A decode step launches hundreds of small kernels (714 on an H100): launch overhead, not
+    # HBM, bounds it; replaying one graph per call removes the per-kernel launches.
+    ("CUDA graphs (while loops)", CUDA_GRAPHS),
     # cuBLAS reads a layer's weights / a cache slice in place instead of a copy per step.
-    ("dynamic-slice fusion", {"xla_gpu_enable_dynamic_slice_fusion": True}),
+    ("dynamic-slice fusion", SLICE_FUSION),
+    ("CUDA graphs + dynamic-slice fusion", CUDA_GRAPHS | SLICE_FUSION),
     # The layer loop unrolled by two, so slices of the next layer overlap this one's work.
     ("while double-buffering", {"xla_gpu_enable_while_loop_double_buffering": True}),
 )
@@ -92,6 +102,7 @@ def decode_section(s, info: dict, profile: dict | None = None) -> Iterator[dict]
   params = models.init_params(c, jax.random.PRNGKey(0))
   sampling = models.SamplingConfig(temperature=1.0, max_new_tokens=s.new_tokens, stop_tokens=())
   bw = info["hbm_bytes_per_s"]
+  variants = None
   for batch in s.decode_batches:
     prompts = jax.random.randint(jax.random.PRNGKey(batch), (batch, s.prompt_len), 3, c.vocab_size)
     run = lambda k: models.generate(params, c, prompts, key=k, sampling=sampling)  # noqa: E731
@@ -114,18 +125,7 @@ def decode_section(s, info: dict, profile: dict | None = None) -> Iterator[dict]
     yield row("auto", secs, compile_s=compile_s, generated=int(out.lengths.sum()), **hlo)
     first = batch == s.decode_batches[0]
     if first and backend.platform() == "gpu" and not s.quick:
-      yield row("auto (compiled, A/B base)",
-                _time_once(lambda f=compiled, a=args: f(*a).tokens), **hlo)
-      for name, options in XLA_VARIANTS:
-        try:
-          variant = lowered.compile(compiler_options=options)
-          secs = _time_once(lambda f=variant, a=args: f(*a).tokens)
-          extra = hlo_columns(variant.as_text())
-        except Exception as e:  # pylint: disable=broad-except  # an unknown option is a result
-          yield {"section": "decode", "name": "generate", "impl": name, "shape": shape,
-                 "error": f"{type(e).__name__}: {str(e)[:160]}"}
-          continue
-        yield row(name, secs, **extra)
+      variants = (row, shape, lowered, compiled, args, hlo)   # timed after every batch's row
     if profile is not None and first:
       ops, tot = gpu_profile.profile_summary(lambda: run(jax.random.PRNGKey(2)).tokens, calls=2,
                                              out_dir=profile["dir"] + f"/decode_b{batch}")
@@ -137,3 +137,21 @@ def decode_section(s, info: dict, profile: dict | None = None) -> Iterator[dict]
           "ms_per_step": tot["ms_per_call"] / s.new_tokens,
           "kernels_per_step": tot["count_per_call"] / s.new_tokens,
           "copy_share": tot["copy_share"], "update_slice_share": tot["update_slice_share"]}
+  if variants is not None:
+    yield from _variant_rows(*variants)
+
+
+def _variant_rows(row, shape: str, lowered, compiled, args, hlo: dict) -> Iterator[dict]:
+  """The first batch's program timed again (the A/B base) and compiled with each of
+  `XLA_VARIANTS`, in one process."""
+  yield row("auto (compiled, A/B base)", _time_once(lambda: compiled(*args).tokens), **hlo)
+  for name, options in XLA_VARIANTS:
+    try:
+      variant = lowered.compile(compiler_options=options)
+      secs = _time_once(lambda f=variant: f(*args).tokens)
+      extra = hlo_columns(variant.as_text())
+    except Exception as e:  # pylint: disable=broad-except  # an unknown option is a result
+      yield {"section": "decode", "name": "generate", "impl": name, "shape": shape,
+             "error": f"{type(e).__name__}: {str(e)[:160]}"}
+      continue
+    yield row(name, secs, **extra)
