@@ -15,6 +15,10 @@ def test_every_notebook_is_tested_and_installs_itself():
   for n in names:
     cells = code_cells(nbformat.read(os.path.join(NOTEBOOKS, n), as_version=4))
     assert "%pip install" in cells[0] and "JAXRL_SMALL" in cells[1], n
+    # the Git URL comes from the user (the cell or JAXRL_REPO_URL), never a placeholder that
+    # pip would try to fetch; without one the cell stops with a message saying what to set
+    assert 'os.environ.get("JAXRL_REPO_URL", "")' in cells[0], n
+    assert "github.com/<org>" not in cells[0] and "if not REPO_URL" in cells[0], n
 
 
 def test_quickstart_trains_and_draws_the_reward_curve(tmp_path):
