@@ -39,33 +39,49 @@ class Result:
   timed_out: bool = False
 
 
+def run_argv(argv: list[str], *, timeout: float = 240, env: dict | None = None,
+             cwd: str = REPO, act: Callable | None = None, session: bool = True,
+             merge_stdout: bool = False) -> Result:
+  """Runs `argv` under a time limit; `act(proc)` (optional) acts on it while it runs; `env`
+  adds environment variables. `session` starts it in its own process group (a group signal then
+  reaches it and its children, as SLURM sends one), and whatever ends this call (the time limit,
+  an exception in `act`) first kills that group, so no trainer or Ray process it started
+  outlives the case. `Result.err` holds stderr, or stdout and stderr with `merge_stdout`."""
+  t0 = time.monotonic()
+  p = subprocess.Popen(argv, cwd=cwd, env=dict(_env(), **(env or {})),
+                       stdout=subprocess.PIPE if merge_stdout else subprocess.DEVNULL,
+                       stderr=subprocess.STDOUT if merge_stdout else subprocess.PIPE,
+                       text=True, start_new_session=session)
+  pick = (lambda out, err: out) if merge_stdout else (lambda out, err: err)
+  try:
+    if act is not None:
+      act(p)
+    text = pick(*p.communicate(timeout=timeout))
+    return Result(p.returncode, text, time.monotonic() - t0)
+  except subprocess.TimeoutExpired:
+    kill_tree(p)
+    text = pick(*p.communicate())
+    return Result(None, text, time.monotonic() - t0, timed_out=True)
+  finally:
+    kill_tree(p)
+
+
 def cli(args: list[str], timeout: float = 240, signals: Callable | None = None,
         env: dict | None = None) -> Result:
-  """Runs the CLI; `signals(proc)` (optional) acts on the running process; `env` adds
-  environment variables. The run gets its own process group: whatever ends this call (the
-  time limit, an exception in `signals`) first kills that group, so no trainer or Ray process
-  it started outlives the case."""
-  t0 = time.monotonic()
-  p = subprocess.Popen([sys.executable, "-m", "experiments.grpo", *SHAPES, *args], cwd=REPO,
-                       env=dict(_env(), **(env or {})), stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, text=True, start_new_session=True)
-  try:
-    if signals is not None:
-      signals(p)
-    _, err = p.communicate(timeout=timeout)
-    return Result(p.returncode, err, time.monotonic() - t0)
-  except subprocess.TimeoutExpired:
-    kill_group(p)
-    _, err = p.communicate()
-    return Result(None, err, time.monotonic() - t0, timed_out=True)
-  finally:
-    kill_group(p)
+  """Runs the CLI in its own process group (`run_argv`); `signals(proc)` (optional) acts on
+  the running process; `env` adds environment variables."""
+  return run_argv([sys.executable, "-m", "experiments.grpo", *SHAPES, *args], timeout=timeout,
+                  env=env, act=signals)
 
 
-def kill_group(p: subprocess.Popen) -> None:
-  """SIGKILLs the process group `p` leads (started with `start_new_session`), if any is left."""
+def kill_tree(p: subprocess.Popen) -> None:
+  """SIGKILLs `p`'s process group when `p` leads one (`start_new_session`), else `p` alone, if
+  anything is left; then reaps `p`."""
   try:
-    os.killpg(p.pid, signal.SIGKILL)
+    if os.getpgid(p.pid) == p.pid:
+      os.killpg(p.pid, signal.SIGKILL)
+    elif p.poll() is None:
+      p.kill()
   except (ProcessLookupError, PermissionError):
     pass
   if p.poll() is None:

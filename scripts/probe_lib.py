@@ -7,16 +7,14 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # pylint: disable-next=wrong-import-position
 from fault_lib import (REPO, SHAPES, Result, _ckpts, _env, _free_port,  # noqa: E402,F401
-                       _rows, _wait)
+                       _rows, _wait, run_argv)
 
 GRPO = [sys.executable, "-m", "experiments.grpo"]
 SIM = [sys.executable, "-m", "experiments.spot_sim", "--preset=qwen3-8b", "--settings=rlboost",
@@ -27,35 +25,11 @@ TB = "Traceback (most recent call last)"
 # ----- running things -----------------------------------------------------------------------------
 def run(argv: list[str], *, timeout: float = 240, env: dict | None = None, cwd: str = REPO,
         act: Callable | None = None, session: bool = False) -> Result:
-  """Runs `argv`; `act(proc)` acts on it while it runs; `session` starts it in its own process
-  group (a process-group signal then reaches it and its children, as SLURM sends one)."""
-  t0 = time.monotonic()
-  full_env = dict(_env(), **(env or {}))
-  p = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, start_new_session=session)
-  if act is not None:
-    act(p)
-  try:
-    out, _ = p.communicate(timeout=timeout)
-    return Result(p.returncode, out, time.monotonic() - t0)
-  except subprocess.TimeoutExpired:
-    _kill_tree(p)
-    out, _ = p.communicate()
-    return Result(None, out, time.monotonic() - t0, timed_out=True)
-
-
-def _kill_tree(p: subprocess.Popen) -> None:
-  try:
-    os.killpg(os.getpgid(p.pid), signal.SIGKILL) if _own_group(p) else p.kill()
-  except ProcessLookupError:
-    pass
-
-
-def _own_group(p) -> bool:
-  try:
-    return os.getpgid(p.pid) == p.pid
-  except ProcessLookupError:
-    return False
+  """Runs `argv` (`fault_lib.run_argv`, stdout and stderr together); `act(proc)` acts on it
+  while it runs; `session` starts it in its own process group (a process-group signal then
+  reaches it and its children, as SLURM sends one)."""
+  return run_argv(argv, timeout=timeout, env=env, cwd=cwd, act=act, session=session,
+                  merge_stdout=True)
 
 
 def grpo(args: list[str], steps: int | None = 2, **kw) -> Result:
