@@ -21,6 +21,8 @@ def test_gpu_benchmark_quick(tmp_path, monkeypatch):
     mine = [r for r in kern if r["name"] == kernel]
     # Every implementation but Pallas (interpret mode off GPU unless --pallas), and the naive.
     want = {naive[kernel]} | set(backend.KERNELS[kernel]) - (set() if gpu_host else {"pallas"})
+    if kernel == "fused_logprobs":   # and the token path with its vocabulary-chunk backward
+      want |= {f"xla_tokens vocab-bwd {gpu.VOCAB_BWD_CHUNK}"}
     assert {r["impl"] for r in mine} == want, kernel
     assert [r["impl"] for r in mine if r["auto"]] == [backend.kernel_impl(kernel)]
     assert all(r["fwdbwd_ms"] > 0 and r["fwdbwd_temp_mib"] >= 0 for r in mine)
