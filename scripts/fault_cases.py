@@ -32,17 +32,12 @@ import time
 
 from fault_cases_rollout import RolloutCases
 from fault_fixtures import write_data, write_hf_dirs
-from fault_lib import Result, _ckpts, _free_port, _rows, _tb_purges, _wait, cli, verdict_of
+from fault_lib import (Result, Scratch, _ckpts, _free_port, _rows, _tb_purges, _wait, cli,
+                       verdict_of)
 
 
-class Cases:
+class Cases(Scratch):
   """The cases, each a method returning (verdict, detail); `tmp` holds their files."""
-
-  def __init__(self, tmp: str):
-    self.tmp = tmp
-
-  def d(self, name: str) -> str:
-    return os.path.join(self.tmp, name)
 
   # ----- flags --------------------------------------------------------------------------------
   def error_cases(self) -> list[tuple[str, list[str], str]]:

@@ -6,17 +6,11 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from fault_lib import _rows, _wait, cli, py, verdict_of
+from fault_lib import Scratch, _rows, _wait, cli, py, verdict_of
 
 
-class RolloutCases:
+class RolloutCases(Scratch):
   """The rollout-side cases, each returning (verdict, detail); `tmp` holds their files."""
-
-  def __init__(self, tmp: str):
-    self.tmp = tmp
-
-  def d(self, name: str) -> str:
-    return os.path.join(self.tmp, name)
 
   def rollout_cases(self, want: Callable[[str], bool] = lambda name: True):
     got = []

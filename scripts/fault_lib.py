@@ -39,6 +39,16 @@ class Result:
   timed_out: bool = False
 
 
+class Scratch:
+  """A base of the case classes: `tmp` holds their files, `d(name)` is a path in it."""
+
+  def __init__(self, tmp: str):
+    self.tmp = tmp
+
+  def d(self, name: str) -> str:
+    return os.path.join(self.tmp, name)
+
+
 def run_argv(argv: list[str], *, timeout: float = 240, env: dict | None = None,
              cwd: str = REPO, act: Callable | None = None, session: bool = True,
              merge_stdout: bool = False) -> Result:

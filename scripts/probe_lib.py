@@ -14,7 +14,7 @@ from typing import Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # pylint: disable-next=wrong-import-position
 from fault_lib import (REPO, SHAPES, Result, _ckpts, _env, _free_port,  # noqa: E402,F401
-                       _rows, _wait, run_argv)
+                       Scratch, _rows, _wait, run_argv)
 
 GRPO = [sys.executable, "-m", "experiments.grpo"]
 SIM = [sys.executable, "-m", "experiments.spot_sim", "--preset=qwen3-8b", "--settings=rlboost",
@@ -96,19 +96,16 @@ class Tmpfs:
 
 
 # ----- the cases ---------------------------------------------------------------------------------
-class ProbeBase:
+class ProbeBase(Scratch):
   """The case classes' base: each `case_*` method of a subclass returns (verdict, detail);
   its docstring is "ID area: title"."""
 
   RAY = ["--rollout=ray", "--num_workers=2", "--sft_steps=5"]
 
   def __init__(self, tmp: str):
-    self.tmp = tmp
+    super().__init__(tmp)
     self._sums = None
     self._hf = None
-
-  def d(self, name: str) -> str:
-    return os.path.join(self.tmp, name)
 
   def write(self, name: str, text: str | bytes) -> str:
     path = self.d(name)

@@ -192,8 +192,7 @@ class SlotPlacement:
       self._held[d] = None
       if self._routes is not None:
         self._routes.moved(a, d, swap=held is not None)
-      self._req[a] = None  # moved, not finished: its rows are no longer an episode's context
-      self._release(a)
+      self._req[a], self._live[a] = None, False  # moved, not finished: not an episode's context
       if held is not None:  # the hole's sequence now lives in the mover's old rows
         self._held[a], self._held_at[a], self._prefix[a] = held, held_at, prefix
     self.stats.moved_rows += len(pairs)
