@@ -243,11 +243,12 @@ def _train(jax, recipe_lib, DivergenceError):  # pylint: disable=invalid-name
     print(f"error: rollout: {e}", file=sys.stderr)  # checkpoints already saved are kept
     return 1
   run = result.run
+  if run.stop_signal == "SIGINT":   # leaving anyway: more Ctrl-C change nothing
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
   step = int(jax.device_get(run.state.step))
   total = recipe.config.loop.steps
   last = run.history[-1] if run.history else {}
   if run.stop_signal == "SIGINT":
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     print(f"interrupted (SIGINT) after step {step}/{total}: checkpoint saved; continue with "
           "--resume", file=sys.stderr)
   else:

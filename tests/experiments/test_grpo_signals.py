@@ -58,3 +58,23 @@ def test_sigint_saves_and_exits_130_then_a_second_one_stops_at_once(tmp_path):
   assert all(os.path.exists(os.path.join(ck, d, "_CHECKPOINT_METADATA"))
              for d in os.listdir(ck) if d.isdigit())
   assert not os.path.exists(os.path.join(out, ".lock"))
+
+
+def test_a_second_sigint_while_the_outputs_are_written_loses_none(tmp_path):
+  """The first SIGINT ends the loop; a second one sent as soon as the run writes its outputs
+  (final parameters, plot) is the run's second SIGINT: the outputs are all written, exit 130,
+  no KeyboardInterrupt (which used to abort the write, or print inside a GC callback)."""
+  out = str(tmp_path / "run")
+  ck = os.path.join(out, "checkpoints")
+  p = _start(["--steps=400", "--save_every=2", f"--out_dir={out}"])
+  assert _wait_for(lambda: os.path.isdir(ck) and _committed_steps(ck), p)
+  p.send_signal(signal.SIGINT)
+  assert _wait_for(lambda: any(n.startswith("final_params") for n in os.listdir(out)), p)
+  p.send_signal(signal.SIGINT)
+  _, err = p.communicate(timeout=180)
+  assert p.returncode == 130, err
+  _no_traceback(err)
+  assert "Exception ignored" not in err, err
+  for name in ("final_params.npz", "reward_kl.png", "config.json"):
+    assert os.path.exists(os.path.join(out, name)), (name, err)
+  assert "outputs:" in err, err

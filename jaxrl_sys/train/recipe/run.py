@@ -224,19 +224,29 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
     loop = make_loop(recipe, mesh, sessions[0], init_params=init, checkpoint=ckpt,
                      resume=resume, out_dir=run_dir, progress=progress, step_hooks=hooks,
                      resumables=resumables)
-    # The run's signal handlers stay while its rollout workers shut down: a Ctrl-C then is the
-    # run's second SIGINT, never a KeyboardInterrupt inside a thread join or a GC callback.
+    # The run's signal handlers stay while its rollout workers shut down and its outputs are
+    # written: a Ctrl-C then is the run's second SIGINT, never a KeyboardInterrupt inside a
+    # thread join, a GC callback or the final parameters' write.
     with loop.signals.installed():
       try:
         result = loop.run()
       finally:
         close_sessions()
+      return _write_outputs(recipe, result, run_dir, ckpt.directory, config_path, settings)
   except DivergenceError:
     if run_dir and main:
       _plot(recipe, run_dir, [])
     raise
   finally:
     close_sessions()
+
+
+def _write_outputs(recipe: Recipe, result, run_dir: str | None, checkpoint_dir: str | None,
+                   config_path: str | None, settings: dict) -> RecipeResult:
+  """The run's outputs once its loop ended: the settings, final parameters and plot in
+  `run_dir`, the HF / PEFT exports, and their description."""
+  rc, mc = recipe.config, recipe.plan.train_model
+  main = multihost.is_main()
   out = RecipeResult(result, run_dir=run_dir)
   summary = recipe.task.summary() if isinstance(recipe.task, CountingTask) else None
   out.notes += recipe.notes + ([summary] if summary else [])
@@ -263,7 +273,7 @@ def _run_claimed(recipe: Recipe, resume: bool, run_dir: str | None,
                      "(resume to finish)")
   multihost.sync("run_outputs")
   if run_dir and main:
-    out.outputs = describe_outputs(run_dir, checkpoint_dir=ckpt.directory,
+    out.outputs = describe_outputs(run_dir, checkpoint_dir=checkpoint_dir,
                                    export_dir=rc.output.export_hf
                                    and os.path.abspath(rc.output.export_hf))
   return out
